@@ -1,0 +1,3 @@
+from consistency.cli import run
+
+run()

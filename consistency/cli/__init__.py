@@ -1,0 +1,96 @@
+"""The ``consistency`` command line: a click group whose commands load on demand.
+
+``consistency --help`` must start fast and never import torch, so each command lives in
+its own module, imported only when that command runs. Errors the user can fix exit with
+code 2 and one line naming the file; findings exit 1; a clean pass exits 0.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from typing import Any
+
+import click
+
+from consistency import __version__
+
+# name -> (module, function, one-line help): help is here so listing commands imports nothing
+COMMANDS: dict[str, tuple[str, str, str]] = {
+    "compare": ("consistency.cli.compare_cmd", "compare", "Compare two dumps and explain every mismatch."),
+    "record": ("consistency.cli.record_cmd", "record", "Record a dump from a model (training or serving style)."),
+    "demo": ("consistency.cli.demo_cmd", "demo", "Run the seed story in miniature on an embedded model."),
+    "lint": ("consistency.cli.lint_cmd", "lint", "Static checks of draft, target and serving settings."),
+    "gate": ("consistency.cli.gate_cmd", "gate", "Run a project's declared lints, compares and replays for CI."),
+    "replay": ("consistency.cli.replay_cmd", "replay", "Run the draft on both dumps and predict acceptance."),
+    "convert": ("consistency.cli.convert_cmd", "convert", "Convert speculators/SpecForge training files to a dump."),
+    "inspect": ("consistency.cli.inspect_cmd", "inspect", "List a dump's tensors and metadata."),
+    "schema": ("consistency.cli.schema_cmd", "schema", "Write the JSON Schemas of the contract and reports."),
+}
+
+
+class LazyGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return [n for n in COMMANDS if _available(n)]
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name not in COMMANDS or not _available(name):
+            return None
+        mod, fn, _help = COMMANDS[name]
+        return getattr(importlib.import_module(mod), fn)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = [(n, COMMANDS[n][2]) for n in self.list_commands(ctx)]
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
+
+def _available(name: str) -> bool:
+    mod = COMMANDS[name][0]
+    return importlib.util.find_spec(mod) is not None  # type: ignore[attr-defined]
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="consistency")
+def main() -> None:
+    """consistency: train/serve consistency for speculative decoding (EAGLE-3).
+
+    Record what the draft was trained on and what the server feeds it, compare the two
+    and say what each mismatched tensor really is. Exit codes: 0 pass, 1 findings,
+    2 bad usage or unreadable input.
+    """
+
+
+def run(argv: list[str] | None = None) -> None:
+    """Console-script entry: map user errors to exit code 2 with one line, no traceback."""
+    from consistency.errors import ConsistencyError
+
+    try:
+        main.main(args=argv, prog_name="consistency", standalone_mode=False)
+    except click.exceptions.Exit as e:
+        sys.exit(e.exit_code)
+    except click.exceptions.Abort:
+        click.echo("consistency: aborted", err=True)
+        sys.exit(2)
+    except click.ClickException as e:
+        e.show()
+        sys.exit(2)
+    except ConsistencyError as e:
+        click.echo(f"consistency: error: {e}", err=True)
+        sys.exit(e.exit_code)
+    except KeyboardInterrupt:
+        click.echo("consistency: interrupted", err=True)
+        sys.exit(130)
+    except Exception as e:  # noqa: BLE001 - never a traceback on a user's input
+        if os.environ.get("CONSISTENCY_DEBUG"):
+            raise
+        args = " ".join(a for a in (argv if argv is not None else sys.argv[1:]) if not a.startswith("-"))
+        msg = " ".join(f"{type(e).__name__}: {e}".split())
+        click.echo(f"consistency: error: {args}: {msg} (set CONSISTENCY_DEBUG=1 for a traceback)", err=True)
+        sys.exit(2)
+
+
+def fail_exit(verdict: str) -> Any:
+    sys.exit(0 if verdict == "pass" else 1)

@@ -1,0 +1,110 @@
+"""``consistency compare REFERENCE CANDIDATE``: pair, measure, identify, explain."""
+
+from __future__ import annotations
+
+import sys
+import click
+
+from consistency.errors import UsageError
+
+
+def load_contract(path: str | None):  # noqa: ANN201 - AuxContract | None, imported lazily
+    if path is None:
+        return None
+    from consistency.contract.io import read_contract
+
+    return read_contract(path)
+
+
+def run_compare(reference: str, candidate: str, contract: str | None = None, rtol: float | None = None,
+                atol: float | None = None, threshold: float | None = None, tolerance: tuple[str, ...] = (),
+                progress: bool = False, layer_ids: str | None = None,
+                convention: str | None = None):  # noqa: ANN201 - CompareReport
+    """Library entry used by the CLI, the demo and the gate."""
+    from consistency.compare.engine import compare
+    from consistency.compare.tolerance import ToleranceModel, parse_rules
+    from consistency.diagnose.engine import explain
+    from consistency.diagnose.report import build
+    from consistency.dump.sets import open_side
+
+    try:
+        rules = parse_rules(list(tolerance))
+    except (ValueError, Exception) as exc:  # re.error is an Exception
+        raise UsageError(f"--tolerance: {exc}") from None
+    tol = ToleranceModel(rules=rules, floor_override=threshold, rtol=rtol, atol=atol)
+    con = load_contract(contract)
+    from consistency.cli.record_cmd import parse_ids
+
+    ids = parse_ids(layer_ids)
+    with open_side(reference, ids, convention) as ref, open_side(candidate, ids, convention) as cand:
+        factory = _progress_factory() if progress else None
+        cmp = compare(ref, cand, con, tol, progress=factory)
+        findings, summary = explain(cmp)
+        return build(cmp, findings, summary)
+
+
+def _progress_factory():  # noqa: ANN202
+    from consistency.report.progress import factory
+
+    return factory()
+
+
+@click.command("compare")
+@click.argument("reference", type=click.Path(dir_okay=True, path_type=str))
+@click.argument("candidate", type=click.Path(dir_okay=True, path_type=str))
+@click.option("--contract", type=click.Path(dir_okay=False), help="Aux contract (JSON/YAML): which stream each slot must hold.")
+@click.option("--json", "json_out", metavar="PATH|-", help="Write the JSON report to PATH, or to stdout with '-'.")
+@click.option("--rtol", type=float, help="Element-wise relative tolerance; when given, any element outside fails.")
+@click.option("--atol", type=float, help="Element-wise absolute tolerance; when given, any element outside fails.")
+@click.option("--threshold", type=float, help="Token rel_diff floor for every tensor (overrides the dtype floor).")
+@click.option("--tolerance", multiple=True, metavar="REGEX=FLOOR", help="Per-name token rel_diff floor (repeatable).")
+@click.option("--layer-ids", help="Aux layer ids for an input that does not record them (speculators/SpecForge files).")
+@click.option("--convention", help="What --layer-ids mean: stream, vllm, speculators, specforge, sglang@VER, ...")
+@click.option("--html", "html_out", type=click.Path(dir_okay=False), help="Write a self-contained HTML report.")
+@click.option("--png", "png_dir", type=click.Path(file_okay=False), help="Write the heatmap and per-token plots as PNG here.")
+@click.option("--quiet", "-q", is_flag=True, help="Print only the verdict line.")
+@click.option("--show-ok", is_flag=True, help="List passing tensors too.")
+@click.option("--force", is_flag=True, help="Overwrite existing report files.")
+def compare(reference: str, candidate: str, contract: str | None, json_out: str | None, rtol: float | None,
+            atol: float | None, threshold: float | None, tolerance: tuple[str, ...], layer_ids: str | None,
+            convention: str | None, html_out: str | None, png_dir: str | None, quiet: bool, show_ok: bool,
+            force: bool) -> None:
+    """Compare REFERENCE (what the draft was trained on) with CANDIDATE (what it is fed).
+
+    Exit code 0 when every tensor agrees within its noise floor, 1 when something
+    differs (the report says what it is), 2 for bad usage or unreadable input.
+    """
+    from consistency.dump.atomic import check_writable, write_text_atomic
+    from consistency.report.text import console, render
+
+    for out in (json_out, html_out):
+        if out and out != "-":
+            check_writable(out, force)
+    rep = run_compare(reference, candidate, contract, rtol, atol, threshold, tolerance,
+                      progress=not quiet and sys.stderr.isatty(), layer_ids=layer_ids, convention=convention)
+    text = rep.model_dump_json(indent=2)
+    if json_out == "-":
+        sys.stdout.write(text + "\n")
+    elif json_out:
+        write_text_atomic(json_out, text + "\n", force=force)
+    if html_out or png_dir:
+        write_visual(rep, html_out, png_dir, force)
+    if json_out != "-":
+        render(rep, console(), quiet=quiet, show_ok=show_ok)
+    else:
+        render(rep, console(sys.stderr), quiet=True)
+    sys.exit(0 if rep.verdict == "pass" else 1)
+
+
+def write_visual(rep, html_out: str | None, png_dir: str | None, force: bool) -> None:  # noqa: ANN001
+    """HTML and PNG reports (optional extra: consistency[report])."""
+    try:
+        from consistency.report import visual
+    except ImportError as exc:
+        raise UsageError(f"--html/--png need the report extra: pip install 'consistency[report]' ({exc})") from None
+    from pathlib import Path
+
+    if html_out:
+        visual.write_html(rep, Path(html_out), force=force)
+    if png_dir:
+        visual.write_pngs(rep, Path(png_dir), force=force)

@@ -1,0 +1,37 @@
+"""``consistency inspect DUMP``: what a dump holds, without reading its data."""
+
+from __future__ import annotations
+
+import click
+
+
+@click.command("inspect")
+@click.argument("dump", type=click.Path(path_type=str))
+@click.option("--json", "as_json", is_flag=True, help="Print the metadata and tensor list as JSON.")
+def inspect(dump: str, as_json: bool) -> None:
+    """List the tensors (name, dtype, shape) and the metadata of DUMP."""
+    import json
+
+    from rich.table import Table
+
+    from consistency.dump import names
+    from consistency.dump.reader import open_dump
+    from consistency.report.text import console
+
+    with open_dump(dump) as d:
+        tensors = [{"name": n, "dtype": d[n].dtype, "shape": list(d[n].shape)} for n in d.names]
+        meta = json.loads(d.metadata.model_dump_json(exclude_none=True)) if d.metadata else None
+        if as_json:
+            click.echo(json.dumps({"path": dump, "format": d.format, "metadata": meta, "tensors": tensors}, indent=2))
+            return
+        con = console()
+        con.print(f"{dump}: {d.format}, {len(tensors)} tensors" + ("" if meta else ", no consistency metadata"))
+        if d.metadata and d.metadata.aux and d.metadata.aux.stream_ids is not None:
+            a = d.metadata.aux
+            con.print(f"aux streams {a.stream_ids} (native ids {a.native_ids}, convention {a.convention})")
+        t = Table(show_edge=False)
+        for c in ("name", "dtype", "shape"):
+            t.add_column(c)
+        for x in sorted(tensors, key=lambda x: names.sort_key(x["name"])):
+            t.add_row(x["name"], x["dtype"], str(x["shape"]))
+        con.print(t)

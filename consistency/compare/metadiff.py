@@ -1,0 +1,89 @@
+"""What differs in the two dumps' metadata, as a structured diff (deepdiff).
+
+Each difference is classified: layout-only fields (stride, contiguity, device, how the
+tensor was produced -- the seed's ``.clone()`` against an add) cannot change values and
+are information, said so explicitly because users suspect them; claims that change
+meaning (stream ids, convention, model shape) are warnings; bookkeeping is information.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from deepdiff import DeepDiff
+
+from consistency.contract.findings import MetaDiff, Severity
+from consistency.contract.models import DumpMetadata
+
+LAYOUT_FIELDS = {"stride", "contiguous", "device", "producer"}
+MEANINGFUL = re.compile(r"^(aux\.(stream_ids|convention|residual|norm)|model\.(num_layers|hidden_size|vocab_size|architecture))")
+IGNORED = re.compile(r"^(created|tool_version|tensors\..+\.(shape|dtype)$|side$|prompt$|extra|format)")
+
+
+def _plain(meta: DumpMetadata | None) -> dict[str, Any]:
+    """Metadata as plain data; lists become atomic values so a changed id list is one
+    difference ([0, 3, 7] -> [3, 7, 10]), not three item edits; defaults are dropped."""
+    if meta is None:
+        return {}
+    return _atomic(json.loads(meta.model_dump_json(exclude_none=True, exclude_defaults=True)))
+
+
+def _atomic(v: Any) -> Any:
+    if isinstance(v, dict):
+        return {k: _atomic(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return json.dumps(v)
+    return v
+
+
+def _path(p: list) -> str:
+    return ".".join(str(x) for x in p)
+
+
+def diff(ref: DumpMetadata | None, cand: DumpMetadata | None, pairs: dict[str, str]) -> list[MetaDiff]:
+    """Differences; per-tensor entries are compared between *paired* names (cand -> ref)."""
+    a, b = _plain(ref), _plain(cand)
+    ta, tb = a.pop("tensors", {}), b.pop("tensors", {})
+    out: list[MetaDiff] = []
+    if a and b:
+        out += _entries(DeepDiff(a, b, ignore_order=False, verbose_level=2), "")
+    for cname, rname in pairs.items():
+        if cname in tb and rname in ta:
+            out += _entries(DeepDiff(ta[rname], tb[cname], verbose_level=2), f"tensors.{cname}.")
+    return [d for d in out if not IGNORED.match(d.path)]
+
+
+def _entries(dd: DeepDiff, prefix: str) -> list[MetaDiff]:
+    out: list[MetaDiff] = []
+    tree = dd.tree
+    for kind, items in tree.items():
+        for item in items:
+            path = prefix + _path(item.path(output_format="list"))
+            ref_v = None if kind.endswith("added") else _jsonable(item.t1)
+            cand_v = None if kind.endswith("removed") else _jsonable(item.t2)
+            leaf = path.rsplit(".", 1)[-1]
+            if path.startswith("tensors.") and leaf in LAYOUT_FIELDS:
+                sev, change = Severity.info, "layout only: does not change values"
+            elif MEANINGFUL.match(path):
+                sev, change = Severity.warning, kind.replace("_", " ")
+            else:
+                sev, change = Severity.info, kind.replace("_", " ")
+            out.append(MetaDiff(path=path, reference=ref_v, candidate=cand_v, change=change, severity=sev))
+    return out
+
+
+def _jsonable(v: Any) -> Any:
+    if isinstance(v, str) and v.startswith("["):
+        try:
+            return json.loads(v)
+        except ValueError:
+            return v
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return v
+    if isinstance(v, (list, tuple)):
+        return [_jsonable(x) for x in v]
+    if isinstance(v, dict):
+        return {str(k): _jsonable(x) for k, x in v.items()}
+    return str(v)

@@ -1,0 +1,227 @@
+"""What each runtime means by "layer id": a registry of conventions as data.
+
+Each entry maps a runtime's native aux-layer ids to stream indices (see
+docs/conventions.md). A version-dependent runtime (SGLang changed its rule in PR #25454)
+has one entry per version range; :func:`resolve` picks the entry for ``name@version`` and
+says which rule it assumed when no version was given, so a user can see the assumption.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from consistency.contract.models import NormState
+
+IdMap = Callable[[int, Sequence[int], int], int]  # (native id, all ids, N) -> stream
+
+
+def _identity(j: int, ids: Sequence[int], n: int) -> int:
+    return j
+
+
+def _plus_one(j: int, ids: Sequence[int], n: int) -> int:
+    return j + 1
+
+
+def _plus_one_last_is_minus_one(j: int, ids: Sequence[int], n: int) -> int:
+    return n if j == -1 else j + 1
+
+
+def _sglang_25454(j: int, ids: Sequence[int], n: int) -> int:
+    # Since sglang PR #25454 the +1 is applied only when the list starts at 1 (the
+    # "output of layer j" spelling); lists written as stream ids are used as they are.
+    return j + 1 if ids and ids[0] == 1 else j
+
+
+def _sglang_gpt_oss(j: int, ids: Sequence[int], n: int) -> int:
+    # sglang >= 0.5.17 (PR #32334): ids that already include the final boundary (max == N)
+    # are stream ids; otherwise the legacy +1.
+    return j if ids and max(ids) == n else j + 1
+
+
+def _default_stream(n: int) -> list[int]:
+    return [2, n // 2, n - 3]
+
+
+def _default_modelopt(n: int) -> list[int]:
+    # sorted({1, N//2-1, N-4}) as layer outputs, i.e. streams {2, N//2, N-3}
+    return sorted({2, max(1, n // 2), max(1, n - 3)})
+
+
+@dataclass(frozen=True)
+class Convention:
+    code: str  # stable identifier, e.g. "sglang-legacy"
+    runtime: str  # name a user types: sglang, vllm, ...
+    meaning: str  # one line: what an id j means
+    source: str  # where the rule lives upstream (path, PR)
+    map_id: IdMap = _identity
+    default_streams: Callable[[int], list[int]] = _default_stream  # what the runtime feeds when ids are absent
+    min_version: tuple[int, ...] | None = None  # inclusive
+    max_version: tuple[int, ...] | None = None  # exclusive
+    captured: str = "stream"  # what the runtime's capture holds: stream, or 'hidden_states + residual'
+    id_location: str = ""  # where the ids are read from
+    aliases: tuple[str, ...] = field(default_factory=tuple)
+    architectures: frozenset[str] = frozenset()  # empty: every target architecture
+    sorts: bool = False  # capture follows the layer loop: slots ascending, duplicates merged
+
+    def versions(self) -> str:
+        lo = ".".join(map(str, self.min_version)) if self.min_version else ""
+        hi = ".".join(map(str, self.max_version)) if self.max_version else ""
+        if lo and hi:
+            return f">={lo},<{hi}"
+        if lo:
+            return f">={lo}"
+        if hi:
+            return f"<{hi}"
+        return "any"
+
+    def to_streams(self, ids: Sequence[int] | None, num_layers: int | None) -> list[int]:
+        """Stream indices of the given native ids (or of the runtime's defaults when None)."""
+        if ids is None:
+            if num_layers is None:
+                raise ValueError(f"{self.runtime}: ids absent and num_layers unknown, cannot apply the default")
+            return self.default_streams(num_layers)
+        n = num_layers if num_layers is not None else 0
+        return [self.map_id(j, list(ids), n) for j in ids]
+
+    def from_streams(self, streams: Sequence[int], num_layers: int | None) -> list[int] | None:
+        """Native ids this convention maps onto ``streams`` (the fix a user writes), or None."""
+        for shift in (0, 1):
+            ids = [s - shift for s in streams]
+            if self.to_streams(ids, num_layers) == list(streams):
+                return ids
+        return None
+
+
+# Releases that changed SGLang's rule (first release carrying the change; docs/conventions.md).
+SGLANG_25454_VERSION = (0, 5, 13)  # PR #25454, merged 2026-05-16: deepseek_v2 / glm4_moe_lite
+SGLANG_32334_VERSION = (0, 5, 17)  # PR #32334, merged 2026-07-24: gpt_oss
+SGLANG_DEEPSEEK = frozenset({
+    "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "DeepseekV32ForCausalLM", "KimiK25ForConditionalGeneration",
+    "KimiK2ForCausalLM", "Glm4MoeLiteForCausalLM", "deepseek_v2", "deepseek_v3", "deepseek_v32", "kimi_k25", "kimi_k2",
+    "glm4_moe_lite",
+})
+SGLANG_GPT_OSS = frozenset({"GptOssForCausalLM", "gpt_oss"})
+_SGLANG_SRC = "sglang python/sglang/srt/models/*.py set_eagle3_layers_to_capture; ids from model_runner"
+_SGLANG_IDS = "eagle_config.eagle_aux_hidden_state_layer_ids (nested only)"
+_SGLANG_CAPTURED = "hidden_states + residual"
+
+REGISTRY: tuple[Convention, ...] = (
+    Convention("stream", "stream", "id j is stream j (the residual stream after j layers, pre-norm)",
+               "consistency's canonical unit (conventions.md)", aliases=("streams", "canonical")),
+    Convention("hf", "hf", "id j indexes output_hidden_states: stream j, but j = N is post-final-norm",
+               "transformers output_hidden_states (checked on 5.19, 5.24)", aliases=("transformers", "huggingface")),
+    Convention("eagle", "eagle", "id j is stream j (captured before layer j)",
+               "SafeAILab/EAGLE eagle/model/modeling_llama_kv.py (hard-coded)", aliases=("safeailab",)),
+    Convention("sglang-internal", "sglang-internal", "layers_to_capture entry j is stream j (appended at the top of loop step j)",
+               "sglang python/sglang/srt/models/llama.py LlamaModel.forward", captured=_SGLANG_CAPTURED, sorts=True),
+    Convention("sglang-plus1", "sglang", "draft-config id j is the output of layer j: stream j+1 (set_eagle3_layers_to_capture adds 1)",
+               _SGLANG_SRC + " (llama, qwen2/3, glm4_moe, minimax_m2, ... every version)", map_id=_plus_one,
+               captured=_SGLANG_CAPTURED, id_location=_SGLANG_IDS, sorts=True),
+    Convention("sglang-deepseek-legacy", "sglang", "draft-config id j is the output of layer j: stream j+1",
+               _SGLANG_SRC + " (deepseek_v2 before PR #25454)", map_id=_plus_one, max_version=SGLANG_25454_VERSION,
+               captured=_SGLANG_CAPTURED, id_location=_SGLANG_IDS, architectures=SGLANG_DEEPSEEK, sorts=True),
+    Convention("sglang-deepseek", "sglang", "draft-config ids get +1 only when the first id is 1; otherwise id j is stream j",
+               "sglang PR #25454 (merged 2026-05-16, first in 0.5.13): deepseek_v2.py, glm4_moe_lite.py",
+               map_id=_sglang_25454, min_version=SGLANG_25454_VERSION, captured=_SGLANG_CAPTURED,
+               id_location=_SGLANG_IDS, architectures=SGLANG_DEEPSEEK, sorts=True),
+    Convention("sglang-gpt-oss-legacy", "sglang", "draft-config id j is the output of layer j: stream j+1",
+               _SGLANG_SRC + " (gpt_oss before PR #32334)", map_id=_plus_one, max_version=SGLANG_32334_VERSION,
+               captured=_SGLANG_CAPTURED, id_location=_SGLANG_IDS, architectures=SGLANG_GPT_OSS, sorts=True),
+    Convention("sglang-gpt-oss", "sglang", "ids are stream ids when the largest equals N; otherwise +1",
+               "sglang PR #32334 (merged 2026-07-24, first in 0.5.17): gpt_oss.py", map_id=_sglang_gpt_oss,
+               min_version=SGLANG_32334_VERSION, captured=_SGLANG_CAPTURED, id_location=_SGLANG_IDS,
+               architectures=SGLANG_GPT_OSS, sorts=True),
+    Convention("vllm", "vllm", "eagle_aux_hidden_state_layer_ids entry j is stream j (top level; the V2 runner never reads the nested key)",
+               "vllm/v1/worker/gpu/spec_decode/eagle/eagle3_utils.py; interfaces.py EagleModelMixin (PR #36063)",
+               captured="hidden_states + residual if residual is not None else hidden_states",
+               id_location="eagle_aux_hidden_state_layer_ids (top level), else eagle_config.layer_ids", sorts=True),
+    Convention("speculators", "speculators", "id j is stream j (vLLM's meaning); data generation appends N (pre-norm last state)",
+               "vllm-project/speculators models/eagle3/config.py, models/utils.py resolve_target_layer_ids",
+               id_location="eagle_aux_hidden_state_layer_ids (top level)"),
+    Convention("specforge", "specforge", "id j is the output of layer j: stream j+1 (HF backend hooks layers[j])",
+               "sgl-project/SpecForge specforge/algorithms/model_providers.py resolve_eagle_capture_layers",
+               map_id=_plus_one, 
+               id_location="model.aux_hidden_state_layer_ids, else eagle_config.eagle_aux_hidden_state_layer_ids"),
+    Convention("modelopt", "modelopt", "id j is the output of layer j: stream j+1",
+               "NVIDIA/Model-Optimizer modelopt/torch/speculative/plugins/hf_eagle.py", map_id=_plus_one,
+               default_streams=_default_modelopt, id_location="eagle_config.eagle_aux_hidden_state_layer_ids", sorts=True),
+    Convention("trtllm", "trtllm", "id j is the output of layer j (stream j+1); -1 is the last layer (stream N)",
+               "TensorRT-LLM EagleDecodingConfig.eagle3_layers_to_capture", map_id=_plus_one_last_is_minus_one,
+               captured=_SGLANG_CAPTURED,
+               aliases=("tensorrt-llm", "tensorrt_llm")),
+)
+LATEST_KNOWN = {"sglang": "0.5.23", "vllm": "0.33.0", "speculators": "0.9.0"}
+
+_VERSION_RE = re.compile(r"^v?(\d+(?:\.\d+)*)")
+
+
+def parse_version(text: str) -> tuple[int, ...]:
+    m = _VERSION_RE.match(text.strip())
+    if not m:
+        raise ValueError(f"unparseable version {text!r}")
+    return tuple(int(x) for x in m.group(1).split("."))
+
+
+@dataclass(frozen=True)
+class Resolved:
+    convention: Convention
+    version: str | None
+    assumed: str | None  # a sentence when a version-dependent rule was picked without a version
+
+
+def names() -> list[str]:
+    return sorted({c.runtime for c in REGISTRY} | {a for c in REGISTRY for a in c.aliases})
+
+
+def _covers(c: Convention, v: tuple[int, ...] | None) -> bool:
+    if v is None:
+        return c.max_version is None
+    return (c.min_version is None or v >= c.min_version) and (c.max_version is None or v < c.max_version)
+
+
+def resolve(spec: str, architecture: str | None = None) -> Resolved:
+    """``sglang@0.5.5`` -> the rule for that version (and target architecture, where the
+    runtime's rule differs by model file); without a version, the newest rule, stated."""
+    name, _, ver = spec.strip().partition("@")
+    key = name.strip().lower()
+    exact = [c for c in REGISTRY if c.code == key]
+    if exact:
+        return Resolved(exact[0], ver or None, None)
+    cands = [c for c in REGISTRY if c.runtime == key or key in c.aliases]
+    if not cands:
+        raise KeyError(f"unknown convention {spec!r}; known: {', '.join(names())}")
+    notes: list[str] = []
+    v = parse_version(ver) if ver else None
+    if v is None and any(c.min_version or c.max_version for c in cands):
+        notes.append(f"no {key} version given: assumed {key}@{LATEST_KNOWN.get(key, 'latest')}'s rule; pass {key}@VERSION to pin it")
+    arch_specific = [c for c in cands if c.architectures]
+    if arch_specific and architecture is None:
+        notes.append(f"target architecture unknown: assumed the {key} rule of Llama-family model files "
+                     f"(DeepSeek/Kimi and gpt-oss targets use other rules)")
+    pool = [c for c in cands if architecture is not None and architecture in c.architectures] or \
+           [c for c in cands if not c.architectures]
+    for c in pool:
+        if _covers(c, v):
+            return Resolved(c, ver or None, "; ".join(notes) or None)
+    raise KeyError(f"no {key} rule covers version {ver}")
+
+
+def describe_streams(streams: Sequence[int], num_layers: int | None) -> list[str]:
+    """Human names of stream indices: 'embedding', 'layer 2 output', 'last layer output (pre-norm)'."""
+    out = []
+    for s in streams:
+        if s == 0:
+            out.append("the embedding")
+        elif num_layers is not None and s == num_layers:
+            out.append(f"layer {s - 1}'s output (the last layer, pre-norm)")
+        else:
+            out.append(f"layer {s - 1}'s output")
+    return out
+
+
+def hf_index_norm(index: int, num_layers: int) -> NormState:
+    """HF's ``output_hidden_states[N]`` is post-norm; every other index is a pre-norm stream."""
+    return NormState.final_norm if index == num_layers else NormState.none

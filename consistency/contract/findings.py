@@ -1,0 +1,182 @@
+"""Findings and reports: the machine-readable output every command shares.
+
+Finding codes are a registry (data): each has a default severity, a one-line title, the
+fix a user should apply and where the rule comes from, so docs/findings.md, the JSON
+report and the terminal report never disagree about what a code means.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+DOCS_URL = "docs/findings.md"
+
+
+class Severity(str, Enum):
+    error = "error"
+    warning = "warning"
+    info = "info"
+
+
+@dataclass(frozen=True)
+class Code:
+    code: str
+    severity: Severity
+    title: str
+    fix: str
+    source: str = ""
+
+    @property
+    def doc(self) -> str:
+        return f"{DOCS_URL}#{self.code.lower().replace('_', '-')}"
+
+
+_E, _W, _I = Severity.error, Severity.warning, Severity.info
+
+CODES: dict[str, Code] = {c.code: c for c in (
+    Code("OK", _I, "values agree within the noise floor of their dtypes", "nothing to do"),
+    Code("MISMATCH", _E, "values differ beyond the noise floor and no explanation was tested",
+         "run compare with diagnosis (default) or inspect the tensor"),
+    Code("LAYER_MISMATCH", _E, "the slot holds another stream than the one expected",
+         "feed the draft the stream it was trained on: fix the aux layer ids in the draft config or the capture point",
+         "conventions.md: who means what by layer id"),
+    Code("ORDER_MISMATCH", _E, "the slots hold the expected streams in another order",
+         "capture in the trained order (ascending by layer unless the contract says otherwise)"),
+    Code("SLOT_SHIFT", _E, "the slot list is shifted by whole slots (a stream dropped at one end, one added at the other)",
+         "capture the missing stream (often the embedding, stream 0) and drop the extra one",
+         "seed story: cat([embed, l3, l31]) vs [l3, l31, l59]"),
+    Code("LAYER_OFFSET", _E, "every slot is off by the same number of layers (the SGLang +1 family)",
+         "write the ids in the serving runtime's convention (see `consistency lint`), or pin the runtime version",
+         "sglang PR #25454; vllm PR #43671"),
+    Code("RESIDUAL_MISSING", _E, "the slot is a block's delta, not the residual stream (hidden_states without + residual)",
+         "capture `hidden_states + residual` (or `hidden_states if residual is None else hidden_states + residual`)",
+         "conventions.md: fused residual"),
+    Code("NORM_APPLIED", _E, "the slot equals the expected stream after a norm (e.g. HF's post-norm last hidden state)",
+         "capture the pre-norm stream (a hook on the last decoder layer), or apply the same norm on both sides",
+         "speculators PR #313"),
+    Code("NORM_MISSING", _E, "the slot is the raw stream where a normed one was expected",
+         "apply the final norm where training applied it"),
+    Code("TOKEN_SHIFT", _E, "the slot matches the expected tensor shifted along the sequence",
+         "align positions: check BOS handling, chat template and the off-by-one between hidden states and targets",
+         "SpecForge issue #296"),
+    Code("PARTIAL_SHARD", _E, "a tensor-parallel partial result: an all-reduce or gather is missing",
+         "capture after the all-reduce (or all-gather) of the tensor-parallel group", "seed story; vLLM PR #36731"),
+    Code("SCALE_MISMATCH", _E, "values equal up to a constant factor (e.g. an embedding scale applied on one side)",
+         "apply the same scale on both sides (embedding multiplier, sqrt(hidden) in Gemma-style models)"),
+    Code("DTYPE_MISMATCH", _W, "dtypes differ", "none if values agree; otherwise record both sides in the serving dtype"),
+    Code("NUMERIC_DRIFT", _W, "the same tensor, but the error exceeds what its dtypes explain",
+         "check quantization, kernels (attention backend, fused ops) and accumulation dtype"),
+    Code("SHAPE_MISMATCH", _E, "shapes differ and cannot be paired", "record the same tokens and the same hidden size on both sides"),
+    Code("NONFINITE", _E, "NaN or Inf values", "find the first layer that produces them; check overflow in fp16"),
+    Code("MISSING", _E, "a tensor the reference (or contract) expects is absent from the candidate",
+         "record it, or compare only the names both sides have (--only)"),
+    Code("EXTRA", _I, "the candidate has a tensor the reference lacks", "nothing, unless it was meant to be compared"),
+    Code("UNKNOWN", _E, "nothing in the reference explains the values", "inspect the nearest candidates listed"),
+    Code("REPLICA_MISMATCH", _E, "tensor-parallel ranks disagree on a tensor that should be replicated",
+         "check the all-reduce and the random state across ranks"),
+    Code("EMPTY", _W, "the tensor has no elements", "record at least one token"),
+    Code("METADATA_DIFF", _W, "the dumps' metadata disagree on something that changes values",
+         "check runtime, convention and claimed stream ids"),
+    Code("LAYOUT_ONLY", _I, "only memory layout differs (stride, contiguity, device, clone vs add)",
+         "nothing: layout does not change values (the seed's .clone() suspicion)"),
+    Code("IDENTIFICATION_AMBIGUOUS", _W, "the slot matches two reference streams almost equally",
+         "record more tokens or a longer prompt; near-identical layers cannot be told apart"),
+)}
+
+
+def lookup(code: str) -> Code:
+    return CODES[code]
+
+
+class Finding(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    code: str
+    severity: Severity
+    tensor: str | None = Field(None, description="Candidate tensor name")
+    expected: str | None = Field(None, description="Reference name it should equal")
+    identified_as: str | None = Field(None, description="Reference name it matches best")
+    message: str
+    metrics: dict[str, Any] = Field(default_factory=dict)
+    evidence: dict[str, Any] = Field(default_factory=dict, description="Metric before/after the explanation")
+    fix: str | None = None
+    source: str | None = None
+    doc: str | None = None
+
+    @classmethod
+    def make(cls, code: str, message: str, severity: Severity | None = None, **kw: Any) -> Finding:
+        c = CODES[code]
+        kw.setdefault("fix", c.fix)
+        kw.setdefault("source", c.source or None)
+        kw.setdefault("doc", c.doc)
+        return cls(code=code, severity=severity or c.severity, message=message, **kw)
+
+
+class DumpSummary(BaseModel):
+    path: str
+    format: str
+    tensors: int
+    runtime: str | None = None
+    claimed_streams: list[int] | None = None
+    ranks: int | None = None
+
+
+class SlotReport(BaseModel):
+    slot: int
+    tensor: str
+    expected: str | None = None
+    expected_stream: int | None = None
+    identified_as: str | None = None
+    identified_stream: int | None = None
+    token_rel_diff: float | None = None
+    confidence: float | None = Field(None, description="Distance to the runner-up over distance to the match")
+    runner_up: str | None = None
+    code: str = "OK"
+
+
+class MetaDiff(BaseModel):
+    path: str
+    reference: Any = None
+    candidate: Any = None
+    change: str
+    severity: Severity = Severity.info
+
+
+class SimilarityMatrix(BaseModel):
+    """Candidate slots x reference streams: the heatmap where a slot shift shows as a shifted diagonal."""
+
+    metric: str = "token_rel_diff"
+    rows: list[str]
+    cols: list[str]
+    values: list[list[float]]
+    expected: list[str | None]
+    identified: list[str | None]
+
+
+class CompareReport(BaseModel):
+    """The JSON report of ``consistency compare`` (schema in schemas/compare-report.schema.json)."""
+
+    tool: Literal["consistency"] = "consistency"
+    kind: Literal["compare"] = "compare"
+    version: str
+    verdict: Literal["pass", "fail"]
+    summary: str
+    reference: DumpSummary
+    candidate: DumpSummary
+    slots: list[SlotReport] = Field(default_factory=list)
+    findings: list[Finding] = Field(default_factory=list)
+    metadata_diff: list[MetaDiff] = Field(default_factory=list)
+    counts: dict[str, int] = Field(default_factory=dict)
+    assumptions: list[str] = Field(default_factory=list)
+    not_compared: int = Field(0, description="Reference tensors of kinds the candidate never records")
+    similarity: SimilarityMatrix | None = None
+    per_token: dict[str, list[float]] = Field(default_factory=dict, description="Token rel_diff per row, mismatched tensors")
+    seconds: float | None = None
+
+
+def verdict_of(findings: list[Finding]) -> Literal["pass", "fail"]:
+    return "fail" if any(f.severity == Severity.error for f in findings) else "pass"

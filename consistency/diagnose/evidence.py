@@ -1,0 +1,124 @@
+"""Evidence for explanations: sampled rows of both dumps and the transforms hypotheses apply.
+
+Hypotheses never read whole tensors: they work on the fingerprint's token sample (the
+same rows for every tensor of a shape), plus a few extra rows for token shifts. That keeps
+diagnosis cheap and its memory bounded whatever the dump size.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from consistency.compare.engine import Comparison, Result
+from consistency.compare.identify import token_distance
+from consistency.dump import names
+from consistency.dump.reader import TensorView
+
+
+@dataclass
+class Explanation:
+    code: str
+    message: str
+    before: float  # token rel_diff to the expected tensor (sample)
+    after: float  # token rel_diff once the explanation is applied (sample)
+    identified_as: str | None = None
+    detail: dict[str, Any] = field(default_factory=dict)
+    approximate: bool = False  # inferred without the reference parts that would prove it
+
+
+class Evidence:
+    def __init__(self, cmp: Comparison) -> None:
+        self.cmp = cmp
+        self._extra: dict[tuple[str, int], np.ndarray] = {}
+
+    def key(self, r: Result) -> tuple[int, int]:
+        return (r.cand.rows, r.cand.cols)
+
+    def index(self, r: Result) -> np.ndarray | None:
+        fp = self.cmp.cand_fp.get(self.key(r))
+        return fp.index if fp is not None else None
+
+    def cand(self, r: Result) -> np.ndarray | None:
+        fp = self.cmp.cand_fp.get(self.key(r))
+        return fp.data.get(r.cand.name) if fp is not None else None
+
+    def ref(self, r: Result, name: str) -> np.ndarray | None:
+        fp = self.cmp.ref_fp.get(self.key(r))
+        if fp is None:
+            return None
+        return fp.data.get(name)
+
+    def ref_names(self, r: Result) -> list[str]:
+        fp = self.cmp.ref_fp.get(self.key(r))
+        return list(fp.data) if fp is not None else []
+
+    def view(self, name: str) -> TensorView | None:
+        if name in self.cmp.ref.tensors:
+            return self.cmp.ref.tensors[name]
+        return next((v for v in self.cmp.plan.ref.slots if v.name == name), None)
+
+    def ref_rows_at(self, name: str, rows: np.ndarray) -> np.ndarray | None:
+        v = self.view(name)
+        if v is None:
+            return None
+        arr = v.take_rows(np.clip(rows, 0, v.rows - 1), np.float64)
+        arr[~np.isfinite(arr)] = 0.0
+        return arr
+
+    def expected(self, r: Result) -> np.ndarray | None:
+        return self.ref(r, r.ref.name) if r.ref is not None else None
+
+    def before(self, r: Result) -> float | None:
+        c, e = self.cand(r), self.expected(r)
+        if c is None or e is None:
+            return None
+        return token_distance(c, e)
+
+    def input_ids(self, side: str = "cand") -> np.ndarray | None:
+        d = self.cmp.cand if side == "cand" else self.cmp.ref
+        v = d.tensors.get(names.INPUT_IDS)
+        if v is None or v.is_float or v.numel > 10_000_000:
+            return None
+        return v.read_all().reshape(-1)
+
+    def stream_name(self, name: str) -> str:
+        """How to say a reference name in a sentence: 'stream 3 (layer 2's output)'."""
+        s = self.cmp.stream_of(name)
+        if s is None:
+            return name
+        n = self._num_layers()
+        if s == 0:
+            return "stream 0 (the embedding)"
+        if n is not None and s == n:
+            return f"stream {s} (the last layer's output, pre-norm)"
+        return f"stream {s} (layer {s - 1}'s output)"
+
+    def _num_layers(self) -> int | None:
+        for side in (self.cmp.plan.ref, self.cmp.plan.cand):
+            if side.num_layers:
+                return side.num_layers
+        hs = [names.stream_of(n) for n in self.cmp.ref.tensors]
+        hs = [s for s in hs if s is not None]
+        return max(hs) if hs else None
+
+
+def rms_normalize(x: np.ndarray, center: bool = False, eps: float = 1e-6) -> np.ndarray:
+    if center:
+        x = x - x.mean(axis=1, keepdims=True)
+    return x / np.sqrt((x * x).mean(axis=1, keepdims=True) + eps)
+
+
+def fit_column_scale(target: np.ndarray, basis: np.ndarray) -> np.ndarray:
+    """Least-squares per-column weight w with target ~= w * basis (a norm's elementwise weight)."""
+    den = (basis * basis).sum(axis=0)
+    w = np.ones(basis.shape[1])
+    np.divide((target * basis).sum(axis=0), den, out=w, where=den > 0)
+    return w
+
+
+def fit_scalar(target: np.ndarray, basis: np.ndarray) -> float:
+    den = float((basis * basis).sum())
+    return float((target * basis).sum()) / den if den > 0 else 1.0

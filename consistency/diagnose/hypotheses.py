@@ -1,0 +1,231 @@
+"""The registry of explanations a mismatched tensor is tested against.
+
+Each hypothesis is data (code, one-line meaning, source) plus a small test that applies
+the explanation to the sampled evidence and returns the metric before and after. The
+engine keeps the explanation that brings the candidate closest to the reference; nothing
+is reported that the numbers do not support.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from consistency.compare.engine import Result
+from consistency.compare.identify import token_distance
+from consistency.diagnose.evidence import Evidence, Explanation, fit_column_scale, fit_scalar, rms_normalize
+from consistency.dump import names
+
+Test = Callable[[Evidence, Result], "Explanation | None"]
+MAX_SHIFT = 3
+
+
+@dataclass(frozen=True)
+class Hypothesis:
+    code: str
+    message: str
+    source: str
+    test: Test
+
+
+def _best(r: Result) -> tuple[str, float] | None:
+    if r.ident is None or r.ident.best is None:
+        return None
+    return r.ident.best.name, r.ident.best.distance
+
+
+def layer_mismatch(ev: Evidence, r: Result) -> Explanation | None:
+    """The candidate equals another reference stream."""
+    b, before = _best(r), ev.before(r)
+    if b is None or before is None or r.ref is None or r.ident is None or r.ref.name in r.ident.group:
+        return None
+    name, dist = b
+    s_got, s_want = ev.cmp.stream_of(name), ev.cmp.stream_of(r.ref.name)
+    if s_got is None:
+        return None
+    detail: dict = {"stream": s_got, "expected_stream": s_want}
+    if s_want is not None:
+        detail["offset"] = s_got - s_want
+    return Explanation("LAYER_MISMATCH", f"holds {ev.stream_name(name)}; expected {ev.stream_name(r.ref.name)}",
+                       before, dist, name, detail)
+
+
+def residual_missing(ev: Evidence, r: Result) -> Explanation | None:
+    """hidden_states.clone() where hidden_states + residual was meant: a block delta."""
+    before, c = ev.before(r), ev.cand(r)
+    if before is None or c is None or r.ref is None:
+        return None
+    deltas = [n for n in ev.ref_names(r) if names.parse(n).kind in (names.MLP_OUT, names.ATTN_OUT)]
+    best: tuple[float, str] | None = None
+    for n in deltas:
+        d = token_distance(c, ev.ref(r, n))  # type: ignore[arg-type]
+        if best is None or d < best[0]:
+            best = (d, n)
+    if best is not None:
+        d, n = best
+        k = names.parse(n).index
+        kind = "MLP" if names.parse(n).kind == names.MLP_OUT else "attention"
+        return Explanation("RESIDUAL_MISSING", f"holds layer {k}'s {kind} delta ({n}), not the residual stream: "
+                           f"residual not added", before, d, n, {"layer": k, "block": kind})
+    # No parts recorded: the stream minus its predecessor is the layer's whole delta; a
+    # candidate near it, much smaller than the stream, is a delta (norm profile).
+    s = ev.cmp.stream_of(r.ref.name)
+    if s is None or s == 0:
+        return None
+    prev, cur = ev.ref(r, names.hidden(s - 1)), ev.expected(r)
+    if prev is None or cur is None:
+        return None
+    delta = cur - prev
+    d = token_distance(c, delta)
+    ratio = float(np.median(np.linalg.norm(c, axis=1) / np.maximum(np.linalg.norm(cur, axis=1), 1e-30)))
+    if ratio < 0.8 and d < 0.5 * before:
+        return Explanation("RESIDUAL_MISSING", f"looks like layer {s - 1}'s block delta, not stream {s}: its norm is "
+                           f"{ratio:.2f}x the stream's (record attn_out/mlp_out to prove it)", before, d,
+                           None, {"layer": s - 1, "norm_ratio": round(ratio, 4)}, approximate=True)
+    return None
+
+
+def _norm_fit(c: np.ndarray, x: np.ndarray) -> tuple[float, str, bool]:
+    """Best of RMSNorm/LayerNorm, with and without a fitted elementwise weight."""
+    out = []
+    for center, kind in ((False, "RMSNorm"), (True, "LayerNorm")):
+        n = rms_normalize(x, center)
+        out.append((token_distance(c, n), kind, False))
+        w = fit_column_scale(c, n)
+        out.append((token_distance(c, n * w), kind, True))
+    return min(out)
+
+
+def norm_applied(ev: Evidence, r: Result) -> Explanation | None:
+    before, c, e = ev.before(r), ev.cand(r), ev.expected(r)
+    if before is None or c is None or e is None:
+        return None
+    if r.ident and r.ident.best and names.parse(r.ident.best.name).kind == names.FINAL_NORM:
+        return Explanation("NORM_APPLIED", "holds the final norm's output (post-norm); expected the pre-norm stream",
+                           before, r.ident.best.distance, r.ident.best.name, {"norm": "final_norm"})
+    d, kind, weighted = _norm_fit(c, e)
+    if c.shape[0] < 8 and weighted:
+        return None  # too few rows to fit a weight honestly
+    return Explanation("NORM_APPLIED", f"equals the expected tensor after {kind}{' with a weight' if weighted else ''} "
+                       f"(e.g. HF's post-norm last hidden state)", before, d, r.ref.name if r.ref else None,
+                       {"norm": kind, "weighted": weighted})
+
+
+def norm_missing(ev: Evidence, r: Result) -> Explanation | None:
+    before, c, e = ev.before(r), ev.cand(r), ev.expected(r)
+    if before is None or c is None or e is None:
+        return None
+    d, kind, weighted = _norm_fit(e, c)
+    if c.shape[0] < 8 and weighted:
+        return None
+    return Explanation("NORM_MISSING", f"is the raw stream; the expected tensor is its {kind} output",
+                       before, d, r.ref.name if r.ref else None, {"norm": kind, "weighted": weighted})
+
+
+def token_shift(ev: Evidence, r: Result) -> Explanation | None:
+    before, c, idx = ev.before(r), ev.cand(r), ev.index(r)
+    if before is None or c is None or idx is None or r.ref is None:
+        return None
+    targets = [r.ref.name]
+    if r.ident and r.ident.best and r.ident.best.name != r.ref.name:
+        targets.append(r.ident.best.name)
+    seq = r.cand.shape[-2] if len(r.cand.shape) >= 2 else r.cand.rows
+    best: tuple[float, int, str] | None = None
+    for k in [k for j in range(1, MAX_SHIFT + 1) for k in (j, -j)]:
+        pos = idx % seq + k
+        ok = (pos >= 0) & (pos < seq)
+        if ok.sum() < max(2, len(idx) // 2):
+            continue
+        for t in targets:
+            shifted = ev.ref_rows_at(t, idx[ok] + k)
+            if shifted is None:
+                continue
+            d = token_distance(c[ok], shifted)
+            if best is None or d < best[0]:
+                best = (d, k, t)
+    if best is None:
+        return None
+    d, k, t = best
+    where = "later" if k > 0 else "earlier"
+    return Explanation("TOKEN_SHIFT", f"matches {ev.stream_name(t)} shifted by {k:+d} position(s): row i holds the "
+                       f"reference's row i{k:+d} ({abs(k)} {where})", before, d, t, {"shift": k})
+
+
+def scale_mismatch(ev: Evidence, r: Result) -> Explanation | None:
+    before, c, e = ev.before(r), ev.cand(r), ev.expected(r)
+    if before is None or c is None or e is None:
+        return None
+    a = fit_scalar(c, e)
+    if not math.isfinite(a) or abs(a - 1.0) < 1e-3 or a == 0:
+        return None
+    d = token_distance(c, a * e)
+    detail: dict = {"factor": round(a, 6)}
+    hint = ""
+    h = r.cand.cols
+    for label, v in (("sqrt(hidden_size)", math.sqrt(h)), ("1/sqrt(hidden_size)", 1 / math.sqrt(h))):
+        if abs(a / v - 1) < 0.01:
+            hint = f" = {label}, an embedding scale applied on one side only"
+            detail["matches"] = label
+    return Explanation("SCALE_MISMATCH", f"equals the expected tensor times {a:.4g}{hint}", before, d,
+                       r.ref.name if r.ref else None, detail)
+
+
+def partial_shard(ev: Evidence, r: Result) -> Explanation | None:
+    """Vocab-parallel embedding without its all-reduce: in-shard rows exact, the rest zero."""
+    before, c, e = ev.before(r), ev.cand(r), ev.expected(r)
+    if before is None or c is None or e is None:
+        return None
+    zero = np.linalg.norm(c, axis=1) == 0
+    if not zero.any() or zero.all():
+        return None
+    kept = ~zero
+    d_kept = token_distance(c[kept], e[kept])
+    masked = np.where(zero[:, None], 0.0, e)
+    d = token_distance(c, masked)
+    detail: dict = {"zero_rows": int(zero.sum()), "sampled_rows": int(len(zero)), "kept_rel_diff": d_kept}
+    ids = ev.input_ids("cand") if ev.input_ids("cand") is not None else ev.input_ids("ref")
+    idx = ev.index(r)
+    msg = f"{int(zero.sum())} of {len(zero)} sampled token rows are zero and the rest match"
+    if ids is not None and idx is not None and len(ids) >= r.cand.rows:
+        tok = ids[idx]
+        lo, hi = int(tok[kept].min()), int(tok[kept].max())
+        inside_zero = int(((tok >= lo) & (tok <= hi) & zero).sum())
+        detail.update(shard_token_range=[lo, hi], zero_rows_inside_range=inside_zero)
+        msg += f"; the non-zero rows are exactly the tokens with ids in [{lo}, {hi}]" if inside_zero == 0 else ""
+    all_rows = _zero_rows(r)
+    if all_rows is not None:
+        detail["zero_token_rows"] = all_rows[:64]
+        detail["zero_token_count"] = len(all_rows)
+    return Explanation("PARTIAL_SHARD", msg + ": a vocab-parallel embedding without its all-reduce", before, d,
+                       r.ref.name if r.ref else None, detail)
+
+
+def _zero_rows(r: Result) -> list[int] | None:
+    """Every all-zero token row of the candidate (bounded: skipped for huge tensors)."""
+    if r.cand.nbytes > 512 * 1024 * 1024:
+        return None
+    rows: list[int] = []
+    for start in range(0, r.cand.rows, 4096):
+        chunk = r.cand.rows_float(start, start + 4096)
+        rows.extend(int(start + i) for i in np.flatnonzero(~(chunk != 0).any(axis=1)))
+    return rows
+
+
+REGISTRY: tuple[Hypothesis, ...] = (
+    Hypothesis("LAYER_MISMATCH", "it is another stream of the reference", "conventions.md: who means what by layer id",
+               layer_mismatch),
+    Hypothesis("RESIDUAL_MISSING", "it is a block's delta, not the stream (residual not added)",
+               "conventions.md: fused residual; seed story", residual_missing),
+    Hypothesis("NORM_APPLIED", "it is the expected stream after a norm", "speculators PR #313", norm_applied),
+    Hypothesis("NORM_MISSING", "it is the raw stream where a normed one was expected", "speculators PR #313", norm_missing),
+    Hypothesis("TOKEN_SHIFT", "it is the expected tensor shifted along the sequence", "SpecForge issue #296", token_shift),
+    Hypothesis("PARTIAL_SHARD", "it is a tensor-parallel partial result", "seed story (VocabParallelEmbedding)",
+               partial_shard),
+    Hypothesis("SCALE_MISMATCH", "it equals the expected tensor up to a constant factor", "Gemma-style embedding scale",
+               scale_mismatch),
+)
+
+BY_CODE = {h.code: h for h in REGISTRY}

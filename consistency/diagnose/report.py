@@ -1,0 +1,98 @@
+"""Assemble the machine-readable compare report from a comparison and its findings."""
+
+from __future__ import annotations
+
+from consistency import __version__
+from consistency.compare import metadiff
+from consistency.compare.engine import Comparison
+from consistency.compare.identify import token_distance
+from consistency.contract.findings import (CompareReport, DumpSummary, Finding, Severity, SimilarityMatrix, SlotReport,
+                                           verdict_of)
+from consistency.dump import names
+from consistency.dump.reader import Dump
+
+MAX_PER_TOKEN = 2048
+
+
+def _summary(d: Dump, claimed: list[int] | None, runtime: str | None) -> DumpSummary:
+    return DumpSummary(path=str(d.path), format=d.format, tensors=len(d.tensors), runtime=runtime, claimed_streams=claimed)
+
+
+def build(cmp: Comparison, findings: list[Finding], summary: str) -> CompareReport:
+    slots = []
+    by_tensor = {}
+    for f in findings:
+        if f.tensor and (f.tensor not in by_tensor or f.severity == Severity.error):
+            by_tensor[f.tensor] = f.code
+    for r in sorted((r for r in cmp.results if r.slot is not None), key=lambda r: r.slot or 0):
+        ident = r.identified if r.status != "ok" else (r.identified if r.ref and r.ident and r.ref.name in r.ident.group else
+                                                        (r.ref.name if r.ref else None))
+        slots.append(SlotReport(
+            slot=r.slot or 0, tensor=r.name, expected=r.expected,
+            expected_stream=r.expected_stream if r.expected_stream is not None else cmp.stream_of(r.expected),
+            identified_as=ident, identified_stream=cmp.stream_of(ident),
+            token_rel_diff=float(f"{r.metrics.token_rel_diff:.4g}") if r.metrics else None,
+            confidence=None if not r.ident or r.ident.confidence is None else float(f"{min(r.ident.confidence, 1e12):.4g}"),
+            runner_up=r.ident.runner_up.name if r.ident and r.ident.runner_up else None,
+            code=by_tensor.get(r.name, "OK")))
+    pairs = {r.name: r.expected for r in cmp.results if r.expected}
+    counts: dict[str, int] = {}
+    for f in findings:
+        counts[f.code] = counts.get(f.code, 0) + 1
+    mdiff = metadiff.diff(cmp.ref.metadata, cmp.cand.metadata, pairs)
+    if any(d.change.startswith("layout only") for d in mdiff):
+        n = sum(d.change.startswith("layout only") for d in mdiff)
+        findings = findings + [Finding.make("LAYOUT_ONLY", f"{n} metadata difference{'s' if n != 1 else ''} in memory "
+                                            f"layout only (stride, contiguity, device, clone vs add): these do not "
+                                            f"change values")]
+    for d in mdiff:
+        if d.severity == Severity.warning:
+            findings = findings + [Finding.make("METADATA_DIFF", f"metadata {d.path}: reference {d.reference!r}, "
+                                                f"candidate {d.candidate!r}")]
+    per_token = {r.name: _downsample(r.metrics.per_row.tolist()) for r in cmp.results
+                 if r.metrics is not None and r.metrics.per_row is not None and r.status != "ok"}
+    rep = CompareReport(
+        version=__version__, verdict=verdict_of(findings), summary=summary,
+        reference=_summary(cmp.ref, cmp.plan.ref.claimed_streams, cmp.plan.ref.runtime),
+        candidate=_summary(cmp.cand, cmp.plan.cand.claimed_streams, cmp.plan.cand.runtime),
+        slots=slots, findings=findings, metadata_diff=mdiff, counts=counts,
+        assumptions=list(cmp.plan.notes), seconds=round(cmp.seconds, 4),
+        similarity=similarity(cmp), per_token=per_token,
+        not_compared=len(cmp.plan.not_compared))
+    return rep
+
+
+def _downsample(xs: list[float]) -> list[float]:
+    if len(xs) <= MAX_PER_TOKEN:
+        return [float(f"{x:.4g}") for x in xs]
+    step = len(xs) / MAX_PER_TOKEN
+    return [float(f"{max(xs[int(i * step):int((i + 1) * step)] or [0.0]):.4g}") for i in range(MAX_PER_TOKEN)]
+
+
+def similarity(cmp: Comparison) -> SimilarityMatrix | None:
+    """Token rel_diff of every candidate slot against every reference stream (the heatmap)."""
+    slots = sorted((r for r in cmp.results if r.slot is not None), key=lambda r: r.slot or 0)
+    if not slots:
+        return None
+    key = (slots[0].cand.rows, slots[0].cand.cols)
+    rfp, cfp = cmp.ref_fp.get(key), cmp.cand_fp.get(key)
+    if rfp is None or cfp is None:
+        return None
+    cols = sorted((n for n in rfp.data if names.parse(n).kind == names.HIDDEN), key=names.sort_key)
+    if not cols:
+        cols = sorted(rfp.data, key=names.sort_key)
+    rows = [r.name for r in slots if r.cand.name in cfp.data and (r.cand.rows, r.cand.cols) == key]
+    values = [[float(f"{token_distance(cfp.data[rn], rfp.data[c]):.4g}") for c in cols] for rn in rows]
+    by = {r.name: r for r in slots}
+    exp = [_as_col(cmp, by[rn].expected, by[rn].expected_stream, cols) for rn in rows]
+    ident = [_as_col(cmp, by[rn].identified, cmp.stream_of(by[rn].identified), cols) for rn in rows]
+    return SimilarityMatrix(rows=rows, cols=cols, values=values, expected=exp, identified=ident,
+                            metric="token_rel_diff")
+
+
+def _as_col(cmp: Comparison, name: str | None, stream: int | None, cols: list[str]) -> str | None:
+    if name in cols:
+        return name
+    if stream is not None and names.hidden(stream) in cols:
+        return names.hidden(stream)
+    return None

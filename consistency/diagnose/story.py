@@ -1,0 +1,66 @@
+"""The slot list as a whole: shifted, offset, permuted -- said once, in one sentence.
+
+Per-slot findings say what each slot holds; users need the pattern (the SGLang +1 family
+is a constant offset, the seed's bug a one-slot shift) because the fix is different.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+@dataclass
+class Story:
+    code: str  # SLOT_SHIFT, LAYER_OFFSET, ORDER_MISMATCH
+    sentence: str
+    detail: dict
+
+
+def _fmt(xs: Sequence[int | None]) -> str:
+    return "[" + ", ".join("?" if x is None else str(x) for x in xs) + "]"
+
+
+def describe(stream: int, num_layers: int | None) -> str:
+    if stream == 0:
+        return "the embedding (stream 0)"
+    if num_layers is not None and stream == num_layers:
+        return f"the last layer's output (stream {stream})"
+    return f"stream {stream}"
+
+
+def tell(expected: Sequence[int | None], actual: Sequence[int | None], cand_side: str, ref_side: str,
+         num_layers: int | None = None) -> Story | None:
+    """A story only when every slot's stream is known on both sides and they differ."""
+    n = min(len(expected), len(actual))
+    if n == 0 or any(x is None for x in expected[:n]) or any(x is None for x in actual[:n]):
+        return None
+    e = [int(x) for x in expected[:n]]  # type: ignore[arg-type]
+    a = [int(x) for x in actual[:n]]  # type: ignore[arg-type]
+    if e == a:
+        return None
+    head = f"{cand_side} fed streams {_fmt(a)}; {ref_side} used {_fmt(e)}"
+    if n >= 2:
+        offs = {x - y for x, y in zip(a, e, strict=True)}
+        if len(offs) == 1:
+            k = offs.pop()
+            return Story("LAYER_OFFSET", f"{head} -- every slot is {abs(k)} layer{'s' if abs(k) != 1 else ''} "
+                         f"{'later' if k > 0 else 'earlier'} (a layer-id convention off by {k:+d}, the SGLang +1 family)",
+                         {"offset": k, "expected": e, "actual": a})
+        for k in range(1, n):
+            if a[: n - k] == e[k:]:
+                missing = ", ".join(describe(x, num_layers) for x in e[:k])
+                extra = ", ".join(describe(x, num_layers) for x in a[n - k:])
+                return Story("SLOT_SHIFT", f"{head} -- the slot list is shifted by {k} slot{'s' if k > 1 else ''}: "
+                             f"{cand_side} is missing {missing} and adds {extra}",
+                             {"shift": -k, "missing": e[:k], "added": a[n - k:], "expected": e, "actual": a})
+            if a[k:] == e[: n - k]:
+                missing = ", ".join(describe(x, num_layers) for x in e[n - k:])
+                extra = ", ".join(describe(x, num_layers) for x in a[:k])
+                return Story("SLOT_SHIFT", f"{head} -- the slot list is shifted by {k} slot{'s' if k > 1 else ''}: "
+                             f"{cand_side} adds {extra} in front and is missing {missing}",
+                             {"shift": k, "missing": e[n - k:], "added": a[:k], "expected": e, "actual": a})
+        if sorted(a) == sorted(e):
+            return Story("ORDER_MISMATCH", f"{head} -- the same streams in another order (a permutation)",
+                         {"expected": e, "actual": a, "permutation": [e.index(x) for x in a]})
+    return Story("LAYER_MISMATCH", head, {"expected": e, "actual": a})

@@ -1,0 +1,121 @@
+"""Record a training-side (reference) or serving-side (candidate) dump in one call.
+
+Training side: every stream, each block's delta, the final norm and the aux slots the
+draft was trained on (HF hooks). Serving side: the aux slots exactly as a fused-residual
+runtime builds them, with the capture mode that runtime uses ('add', 'guarded', or the
+'clone' bug), and what the runtime claims about them in metadata.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from consistency.contract import conventions
+from consistency.contract.models import DumpMetadata, NormState, Residual, RuntimeInfo
+from consistency.dump import names
+from consistency.errors import UsageError
+from consistency.record.recorder import Recorder, aux_info, model_info
+
+
+def num_layers(model: Any) -> int:
+    info = model_info(model.config)
+    if info.num_layers is None:
+        raise UsageError("the model config does not say how many layers it has")
+    return info.num_layers
+
+
+def resolve_streams(model: Any, ids: Sequence[int] | None, convention: str) -> tuple[list[int], str | None]:
+    """Stream indices of ``ids`` under ``convention`` (runtime@version), plus any assumption made."""
+    arch = model_info(model.config).architecture
+    try:
+        res = conventions.resolve(convention, arch)
+    except (KeyError, ValueError) as exc:
+        raise UsageError(str(exc).strip("'\"")) from None
+    n = num_layers(model)
+    streams = res.convention.to_streams(list(ids) if ids is not None else None, n)
+    bad = [s for s in streams if not 0 <= s <= n]
+    if bad:
+        raise UsageError(f"ids {list(ids or [])} under {convention} give streams {streams}; valid streams are 0..{n}")
+    return streams, res.assumed
+
+
+def _torch_ids(input_ids: Any) -> Any:
+    import torch
+
+    t = torch.as_tensor(np.asarray(input_ids, dtype=np.int64))
+    return t[None] if t.dim() == 1 else t
+
+
+def record_reference(model: Any, input_ids: Any, path: str | Path, aux_streams: Sequence[int] | None = None,
+                     *, native_ids: Sequence[int] | None = None, convention: str = "stream",
+                     components: bool = True, logits: bool = False, side: str = "training",
+                     force: bool = False, post_norm_last: bool = False) -> Path:
+    """All streams plus the aux slots of ``aux_streams``; ``post_norm_last`` feeds HF's
+    post-norm last hidden state for stream N (what ``output_hidden_states[-1]`` gives)."""
+    from consistency.record.hf import capture_streams
+
+    ids = _torch_ids(input_ids)
+    streams, notes = capture_streams(model, ids, components=components, logits=logits)
+    n = num_layers(model)
+    meta = DumpMetadata(side=side, runtime=RuntimeInfo(name="transformers", version=_tf_version()),  # type: ignore[arg-type]
+                        model=model_info(model.config))
+    rec = Recorder(path, meta, force=force)
+    rec.capture(names.INPUT_IDS, ids[0] if ids.shape[0] == 1 else ids)
+    for name in sorted(streams, key=names.sort_key):
+        rec.capture(name, _squeeze(streams[name]), producer="hook")
+    if aux_streams is not None:
+        for i, s in enumerate(aux_streams):
+            if not 0 <= s <= n:
+                raise UsageError(f"stream {s} out of range 0..{n}")
+            post = post_norm_last and s == n
+            src = streams[names.FINAL_NORM] if post else streams[names.hidden(s)]
+            extra = {"norm": NormState.final_norm} if post else {}
+            rec.capture(names.aux(i), _squeeze(src), producer="hook", **extra)
+        rec.metadata.aux = aux_info(list(aux_streams), list(native_ids) if native_ids is not None else None, convention)
+    if notes:
+        rec.metadata.extra["notes"] = notes
+    out = rec.save()
+    assert out is not None
+    return out
+
+
+def record_serving(model: Any, input_ids: Any, path: str | Path, streams: Sequence[int], *,
+                   capture_mode: str = "guarded", native_ids: Sequence[int] | None = None,
+                   convention: str | None = None, runtime: str = "sglang", components: bool = False,
+                   dtype: str | None = None, side: str = "serving", force: bool = False) -> Path:
+    """The aux slots a fused-residual runtime would feed the draft, captured its way."""
+    import torch
+
+    from consistency.record.fused import FusedDecoder
+
+    if dtype is not None:
+        model = model.to(getattr(torch, dtype))
+    ids = _torch_ids(input_ids)
+    order = sorted(set(streams))  # the capture loop appends in layer order, once per layer
+    name, _, version = runtime.partition("@")
+    meta = DumpMetadata(side=side, runtime=RuntimeInfo(name=name, version=version or None),  # type: ignore[arg-type]
+                        model=model_info(model.config))
+    meta.aux = aux_info(order, list(native_ids) if native_ids is not None else None, convention,
+                        residual=Residual.delta.value if capture_mode == "clone" else Residual.stream.value)
+    with Recorder(path, meta, force=force) as rec:
+        rec.capture(names.INPUT_IDS, ids[0] if ids.shape[0] == 1 else ids)
+        FusedDecoder(model, order, capture_mode=capture_mode, record_components=components)(ids)  # type: ignore[arg-type]
+    assert rec.written is not None
+    return rec.written
+
+
+def _squeeze(t: Any) -> Any:
+    return t[0] if t.dim() >= 3 and t.shape[0] == 1 else t
+
+
+def _tf_version() -> str | None:
+    try:
+        import transformers
+
+        return transformers.__version__
+    except ImportError:  # pragma: no cover
+        return None

@@ -1,0 +1,83 @@
+"""Targets to record from: built-in tiny configs (seeded, no download) or a local HF dir.
+
+The built-in configs live in ``consistency/record/configs/*.json`` so the demo and the
+tests run anywhere in seconds; local directories are loaded offline only.
+"""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from consistency.errors import InputError, UsageError
+
+DEFAULT_SEED = 0
+
+
+def builtin_names() -> list[str]:
+    return sorted(p.name[:-5] for p in resources.files("consistency.record").joinpath("configs").iterdir()
+                  if p.name.endswith(".json"))
+
+
+def builtin_config(name: str) -> dict[str, Any]:
+    f = resources.files("consistency.record").joinpath("configs", f"{name}.json")
+    if not f.is_file():
+        raise UsageError(f"unknown built-in model {name!r}; built-in: {', '.join(builtin_names())}")
+    return json.loads(f.read_text())
+
+
+def build_builtin(name: str, seed: int = DEFAULT_SEED, dtype: str = "float32") -> Any:
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg_d = dict(builtin_config(name))
+    model_type = cfg_d.pop("model_type")
+    cfg = AutoConfig.for_model(model_type, **cfg_d)
+    cfg._name_or_path = name
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(cfg)
+    return model.to(getattr(torch, dtype)).eval()
+
+
+def load_model(spec: str, dtype: str = "float32", seed: int = DEFAULT_SEED, gguf_file: str | None = None) -> Any:
+    """A built-in tiny name, or a local Hugging Face directory (never downloads)."""
+    if spec in builtin_names():
+        return build_builtin(spec, seed, dtype)
+    p = Path(spec)
+    if not p.is_dir():
+        raise InputError(p, f"not a built-in model ({', '.join(builtin_names())}) nor a local model directory")
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    kw: dict[str, Any] = {"local_files_only": True, "dtype": getattr(torch, dtype)}
+    if gguf_file:
+        kw["gguf_file"] = gguf_file
+    try:
+        return AutoModelForCausalLM.from_pretrained(str(p), **kw).eval()
+    except (OSError, ValueError) as exc:
+        raise InputError(p, f"cannot load the model: {str(exc).splitlines()[0]}") from None
+
+
+def tokenize(model: Any, spec: str, prompt: str) -> np.ndarray:
+    """Token ids for ``prompt``: the model dir's tokenizer when there is one, else UTF-8
+    bytes folded into the vocabulary (built-in tiny models have no tokenizer)."""
+    p = Path(spec)
+    if p.is_dir():
+        try:
+            from transformers import AutoTokenizer
+
+            tok = AutoTokenizer.from_pretrained(str(p), local_files_only=True)
+            return np.asarray(tok(prompt)["input_ids"], dtype=np.int64)
+        except (OSError, ValueError, TypeError):
+            pass
+    vocab = int(getattr(model.config, "vocab_size", 256))
+    data = prompt.encode("utf-8") or b" "
+    return np.frombuffer(data, dtype=np.uint8).astype(np.int64) % vocab
+
+
+DEMO_PROMPT = ("Speculative decoding drafts several tokens with a small model and verifies them with the "
+               "target in one pass; the draft must see exactly the hidden states it was trained on.")

@@ -1,0 +1,1 @@
+"""Render reports: terminal (rich), JSON, and the CI formats."""
