@@ -40,6 +40,11 @@ def tell(expected: Sequence[int | None], actual: Sequence[int | None], cand_side
     if e == a:
         return None
     head = f"{cand_side} fed streams {_fmt(a)}; {ref_side} used {_fmt(e)}"
+    if n >= 2 and sorted(a) == sorted(e):
+        rot = next((k for k in range(1, n) if a == e[k:] + e[:k]), None)
+        how = f"rotated by {rot} slot{'s' if rot != 1 else ''}" if rot else "a permutation"
+        return Story("ORDER_MISMATCH", f"{head} -- the same streams in another order ({how})",
+                     {"expected": e, "actual": a, "permutation": [e.index(x) for x in a]})
     if n >= 2:
         offs = {x - y for x, y in zip(a, e, strict=True)}
         if len(offs) == 1:
@@ -60,7 +65,4 @@ def tell(expected: Sequence[int | None], actual: Sequence[int | None], cand_side
                 return Story("SLOT_SHIFT", f"{head} -- the slot list is shifted by {k} slot{'s' if k > 1 else ''}: "
                              f"{cand_side} adds {extra} in front and is missing {missing}",
                              {"shift": k, "missing": e[n - k:], "added": a[:k], "expected": e, "actual": a})
-        if sorted(a) == sorted(e):
-            return Story("ORDER_MISMATCH", f"{head} -- the same streams in another order (a permutation)",
-                         {"expected": e, "actual": a, "permutation": [e.index(x) for x in a]})
     return Story("LAYER_MISMATCH", head, {"expected": e, "actual": a})

@@ -1,0 +1,120 @@
+"""compare on dumps recorded from real transformers models: the seed's case and its family."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from consistency.cli.compare_cmd import run_compare
+from consistency.contract.findings import CompareReport
+from consistency.record.api import record_reference, record_serving
+from tests.conftest import cli, prompt_ids, tiny
+
+
+def _pair(tmp_path, arch, train, serve, dtype="bfloat16", mode="guarded", n_tokens=40):
+    m = tiny(arch)
+    ids = prompt_ids(m, n_tokens)
+    ref = record_reference(m, ids, tmp_path / "train.safetensors", train)
+    cand = record_serving(tiny(arch), ids, tmp_path / "serve.npz", serve, dtype=dtype, capture_mode=mode)
+    return str(ref), str(cand)
+
+
+def _slots(rep: CompareReport) -> list[tuple[int | None, int | None, str]]:
+    return [(s.expected_stream, s.identified_stream, s.code) for s in rep.slots]
+
+
+def _codes(rep: CompareReport) -> set[str]:
+    return {f.code for f in rep.findings}
+
+
+@pytest.mark.parametrize("arch", ["tiny-llama", "tiny-deepseek-v3"])
+def test_seed_case_is_diagnosed_slot_by_slot(tmp_path, arch):
+    n = tiny(arch).config.num_hidden_layers
+    train = [0, 3, n // 2 + 1] if n > 8 else [0, 2, 3]
+    serve = train[1:] + [n - 2]  # the seed: one slot later, the embedding missing
+    rep = run_compare(*_pair(tmp_path, arch, train, serve))
+    assert rep.verdict == "fail"
+    assert [s.identified_stream for s in rep.slots] == serve
+    assert [s.expected_stream for s in rep.slots] == train
+    assert rep.findings[0].code == "SLOT_SHIFT"
+    assert rep.findings[0].evidence["missing"] == [0]
+    assert "missing the embedding" in rep.summary
+    lm = [f for f in rep.findings if f.code == "LAYER_MISMATCH"]
+    assert [f.identified_as for f in lm] == [f"hidden.{s}" for s in serve]
+
+
+@pytest.mark.parametrize("arch", ["tiny-llama", "tiny-deepseek-v3"])
+def test_permuted_slots_are_an_order_mismatch(tmp_path, arch):
+    ref, cand = _pair(tmp_path, arch, [1, 2, 4], [1, 2, 4])
+    # permute the candidate's slots by rewriting the file
+    from consistency.dump.reader import open_dump
+    from consistency.dump.writer import write_dump
+
+    with open_dump(cand) as d:
+        arrs = {f"aux.{i}": (d[f"aux.{j}"].read_all(), "bfloat16") for i, j in enumerate([2, 0, 1])}
+    write_dump(tmp_path / "perm.npz", arrs)
+    rep = run_compare(ref, str(tmp_path / "perm.npz"))
+    assert rep.findings[0].code == "ORDER_MISMATCH"
+    assert [s.identified_stream for s in rep.slots] == [4, 1, 2]
+
+
+def test_constant_offset_is_the_sglang_plus_one_family(tmp_path):
+    rep = run_compare(*_pair(tmp_path, "tiny-llama", [2, 6, 9], [3, 7, 10]))
+    assert rep.findings[0].code == "LAYER_OFFSET"
+    assert rep.findings[0].evidence["offset"] == 1
+    assert [s.identified_stream for s in rep.slots] == [3, 7, 10]
+
+
+@pytest.mark.parametrize("arch", ["tiny-llama", "tiny-qwen3", "tiny-deepseek-v3"])
+def test_bf16_serving_against_fp32_training_passes(tmp_path, arch):
+    rep = run_compare(*_pair(tmp_path, arch, [0, 2, 4], [0, 2, 4]))
+    assert rep.verdict == "pass", rep.summary
+    assert not [f for f in rep.findings if f.severity.value == "error"]
+    assert _codes(rep) >= {"OK", "DTYPE_MISMATCH"}
+    assert all(s.identified_stream == s.expected_stream for s in rep.slots)
+
+
+def test_clone_at_the_embedding_passes_and_clone_later_is_residual_missing(tmp_path):
+    rep = run_compare(*_pair(tmp_path, "tiny-llama", [0, 3, 7], [0, 3, 7], dtype=None, mode="clone"))
+    by = {s.slot: s for s in rep.slots}
+    assert by[0].code == "OK"
+    assert by[1].code == "RESIDUAL_MISSING" and by[2].code == "RESIDUAL_MISSING"
+    rm = [f for f in rep.findings if f.code == "RESIDUAL_MISSING"]
+    assert [f.identified_as for f in rm] == ["mlp_out.2", "mlp_out.6"]
+
+
+def test_plain_np_savez_without_metadata_compares(tmp_path):
+    ref, _ = _pair(tmp_path, "tiny-llama", [0, 3, 7], [0, 3, 7])
+    from consistency.dump.reader import open_dump
+
+    with open_dump(ref) as d:
+        h = {s: d[f"hidden.{s}"].read_all() for s in (0, 3, 7, 8)}
+        ids = d["input_ids"].read_all()
+    mine = tmp_path / "mine.npz"
+    np.savez(mine, aux=np.concatenate([h[3], h[7], h[8]], -1).astype(np.float16), input_ids=ids)
+    rep = run_compare(ref, str(mine))
+    assert [s.identified_stream for s in rep.slots] == [3, 7, 8]
+    assert rep.findings[0].code == "SLOT_SHIFT"
+    np.savez(mine, aux=np.concatenate([h[0], h[3], h[7]], -1), input_ids=ids)
+    assert run_compare(ref, str(mine)).verdict == "pass"
+
+
+def test_cli_exit_codes_and_json_report(tmp_path):
+    ref, cand = _pair(tmp_path, "tiny-llama", [0, 3, 7], [3, 7, 10])
+    r = cli("compare", ref, cand, "--json", "-")
+    assert r.returncode == 1
+    rep = CompareReport.model_validate_json(r.stdout)
+    assert rep.verdict == "fail" and rep.slots[0].identified_as == "hidden.3"
+    for f in json.loads(r.stdout)["findings"]:
+        assert {"code", "severity", "tensor", "expected", "identified_as", "message", "metrics"} <= set(f)
+    ok = cli("compare", ref, ref, "-q")
+    assert ok.returncode == 0 and ok.stdout.startswith("PASS")
+
+
+def test_layout_only_differences_are_info(tmp_path):
+    rep = run_compare(*_pair(tmp_path, "tiny-llama", [0, 3, 7], [0, 3, 7]))
+    layout = [d for d in rep.metadata_diff if d.change.startswith("layout only")]
+    assert layout and all(d.severity.value == "info" for d in layout)
+    assert any(f.code == "LAYOUT_ONLY" and f.severity.value == "info" for f in rep.findings)

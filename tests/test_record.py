@@ -1,0 +1,151 @@
+"""Recorders: HF hooks give pre-norm streams; the fused-residual loop gives the same streams."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from consistency.dump import names
+from consistency.dump.reader import open_dump
+from consistency.record import Recorder, capture
+from consistency.record.api import record_reference, record_serving
+from consistency.record.fused import FusedDecoder
+from consistency.record.hf import capture_streams
+from tests.conftest import prompt_ids, tiny
+
+ARCHS = ["tiny-llama", "tiny-qwen2", "tiny-qwen3", "tiny-mistral", "tiny-deepseek-v3", "tiny-qwen3-moe"]
+
+
+@pytest.mark.parametrize("arch", ARCHS + ["tiny-gpt2"])
+def test_hooks_match_output_hidden_states_and_stream_n_is_pre_norm(arch):
+    m = tiny(arch)
+    ids = torch.as_tensor(prompt_ids(m, 20))[None]
+    streams, notes = capture_streams(m, ids)
+    with torch.no_grad():
+        hs = m(input_ids=ids, output_hidden_states=True).hidden_states
+    n = len(hs) - 1
+    for s in range(n):
+        assert torch.equal(streams[names.hidden(s)], hs[s]), f"stream {s}"
+    # HF's last element is post-norm: it is final_norm, and stream N differs from it
+    assert torch.allclose(streams[names.FINAL_NORM], hs[n], atol=1e-6)
+    assert not torch.allclose(streams[names.hidden(n)], hs[n], atol=1e-3)
+    if arch != "tiny-gpt2":
+        assert not notes
+        for k in range(n):
+            s = streams[names.hidden(k)] + streams[names.attn_out(k)] + streams[names.mlp_out(k)]
+            assert torch.allclose(s, streams[names.hidden(k + 1)], atol=1e-5), k
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_fused_residual_loop_gives_the_same_streams_as_hf(arch):
+    m = tiny(arch)
+    ids = torch.as_tensor(prompt_ids(m, 16))[None]
+    streams, _ = capture_streams(m, ids)
+    n = m.config.num_hidden_layers
+    _final, aux = FusedDecoder(m, list(range(n + 1)))(ids)
+    for s in range(n + 1):
+        assert torch.allclose(aux[s], streams[names.hidden(s)], atol=1e-6), s
+
+
+def test_clone_capture_is_the_mlp_delta_except_at_the_embedding():
+    m = tiny("tiny-llama")
+    ids = torch.as_tensor(prompt_ids(m, 16))[None]
+    streams, _ = capture_streams(m, ids)
+    _final, aux = FusedDecoder(m, [0, 3, 7], capture_mode="clone")(ids)
+    assert torch.equal(aux[0], streams["hidden.0"])  # clone == add at the embedding
+    assert torch.allclose(aux[1], streams["mlp_out.2"], atol=1e-6)
+    assert torch.allclose(aux[2], streams["mlp_out.6"], atol=1e-6)
+
+
+def test_add_only_capture_fails_at_stream_0_like_old_sglang():
+    m = tiny("tiny-llama")
+    ids = torch.as_tensor(prompt_ids(m, 8))[None]
+    with pytest.raises(TypeError):
+        FusedDecoder(m, [0, 3], capture_mode="add")(ids)
+
+
+def test_training_dump_holds_streams_components_and_aux(tmp_path):
+    m = tiny("tiny-qwen3")
+    ids = prompt_ids(m, 24)
+    p = record_reference(m, ids, tmp_path / "t.safetensors", [0, 2, 6])
+    with open_dump(p) as d:
+        n = m.config.num_hidden_layers
+        assert {names.hidden(s) for s in range(n + 1)} <= set(d.tensors)
+        assert {names.mlp_out(k) for k in range(n)} <= set(d.tensors)
+        assert d.metadata.aux.stream_ids == [0, 2, 6]
+        assert d.metadata.model.num_layers == n and d.metadata.model.hidden_size == 64
+        assert np.array_equal(d["aux.2"].read_all(), d["hidden.6"].read_all())
+        assert np.array_equal(d["input_ids"].read_all(), ids)
+
+
+def test_serving_dump_is_bf16_with_claims(tmp_path):
+    m = tiny("tiny-llama")
+    p = record_serving(m, prompt_ids(m, 24), tmp_path / "s.npz", [7, 3, 10], native_ids=[2, 6, 9],
+                       convention="sglang@0.5.5", dtype="bfloat16")
+    with open_dump(p) as d:
+        assert d.metadata.aux.stream_ids == [3, 7, 10]  # capture order is the layer loop's
+        assert d["aux.0"].dtype == "bfloat16"
+        assert d.metadata.tensors["aux.0"].producer == "guarded"
+
+
+def test_capture_is_inert_without_a_recorder_or_env(tmp_path, monkeypatch):
+    monkeypatch.delenv("CONSISTENCY_RECORD", raising=False)
+    capture("aux.0", torch.ones(3))  # nothing active: no error, no file
+    assert not list(tmp_path.iterdir())
+    with Recorder(tmp_path / "r.safetensors") as rec:
+        capture("aux.0", torch.ones(2, 3).bfloat16())
+        capture("aux.0", torch.zeros(2, 3))
+    assert set(rec.tensors) == {"aux.0", "aux.0#2"}
+    with open_dump(tmp_path / "r.safetensors") as d:
+        assert d["aux.0"].dtype == "bfloat16"
+
+
+def test_env_activated_capture_writes_at_exit(tmp_path):
+    out = tmp_path / "env.safetensors"
+    code = ("import torch; from consistency.record import capture;"
+            "capture('aux.0', torch.arange(6.).reshape(2, 3))")
+    env = dict(os.environ, CONSISTENCY_RECORD=str(out))
+    subprocess.run([sys.executable, "-c", code], check=True, env=env)
+    with open_dump(out) as d:
+        assert d["aux.0"].read_all().tolist() == [[0, 1, 2], [3, 4, 5]]
+    env.pop("CONSISTENCY_RECORD")
+    out.unlink()
+    subprocess.run([sys.executable, "-c", code], check=True, env=env)
+    assert not out.exists()
+
+
+def _rank_worker(rank: int, world: int, path: str, port: int) -> None:
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        with Recorder(path) as rec:
+            capture("aux.0", torch.full((2, 4), float(rank)))
+        assert rec.written is not None
+    finally:
+        dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_rank_aware_file_names_under_torch_distributed(tmp_path):
+    import torch.multiprocessing as mp
+
+    path = str(tmp_path / "serve.safetensors")
+    mp.spawn(_rank_worker, args=(2, path, _free_port()), nprocs=2, join=True)
+    for r in range(2):
+        with open_dump(tmp_path / f"serve.rank{r}-of2.safetensors") as d:
+            assert d.metadata.rank == r and d.metadata.world_size == 2
+            assert float(d["aux.0"].read_all()[0, 0]) == r
