@@ -44,6 +44,7 @@ class Plan:
     extra: list[str] = field(default_factory=list)
     not_compared: list[str] = field(default_factory=list)  # reference kinds the candidate never records
     notes: list[str] = field(default_factory=list)
+    ref_meta_tensors: dict = field(default_factory=dict)  # reference per-tensor metadata (norm state, ...)
 
 
 def hidden_width(d: Dump) -> int | None:
@@ -92,7 +93,7 @@ def build(ref: Dump, cand: Dump, contract: AuxContract | None = None) -> Plan:
     n_hint = len(contract.slots) if contract else None
     rs = describe_side(ref, cand_h or c_width, n_hint)
     cs = describe_side(cand, ref_h or rs.hidden_size or c_width, n_hint or (len(rs.slots) or None))
-    plan = Plan(rs, cs, [], [])
+    plan = Plan(rs, cs, [], [], ref_meta_tensors=dict(ref.metadata.tensors) if ref.metadata else {})
     plan.notes += [n for n in (rs.split_note, cs.split_note) if n]
     contract_streams = contract.stream_ids if contract else None
     for i, view in enumerate(cs.slots):

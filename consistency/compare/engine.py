@@ -21,6 +21,7 @@ from consistency.contract.models import AuxContract
 from consistency.dump import names
 from consistency.dump.reader import Dump, TensorView
 
+CLEAR_BEST_RATIO = 1.5  # drift larger than the neighbour gap still counts as drift past this margin
 ProgressFactory = Callable[[str, int], Callable[[int], None]]
 
 
@@ -59,7 +60,17 @@ class Comparison:
     ref_fp: dict[tuple[int, int], identify.Fingerprints]
     cand_fp: dict[tuple[int, int], identify.Fingerprints]
     ref_slot_streams: list[int | None]
+    ref_slot_names: list[str | None] = field(default_factory=list)  # what each reference slot is
     seconds: float = 0.0
+
+    def canonical(self, ref_name: str | None) -> str | None:
+        """Prefer the meaningful name: a reference slot that equals ``hidden.3`` is ``hidden.3``."""
+        if ref_name is None:
+            return None
+        n = names.parse(ref_name)
+        if n.kind == names.AUX and n.index is not None and n.index < len(self.ref_slot_names):
+            return self.ref_slot_names[n.index] or ref_name
+        return ref_name
 
     def stream_of(self, ref_name: str | None) -> int | None:
         """Stream index a reference name stands for (``aux.i`` through the reference's own slots)."""
@@ -109,7 +120,7 @@ def compare(ref: Dump, cand: Dump, contract: AuxContract | None = None, tol: Tol
         ref_fp[key] = identify.Fingerprints(_unique(rviews), idx)
         cand_fp[key] = identify.Fingerprints(_unique(cviews), idx)
 
-    ref_slot_streams = _reference_slot_streams(plan, ref_fp, tol)
+    ref_slot_streams, ref_slot_names = _reference_slots(plan, ref_fp, tol)
     for r in results:
         if r.slot is not None and r.expected_stream is None and r.expected:
             n = names.parse(r.expected)
@@ -118,7 +129,7 @@ def compare(ref: Dump, cand: Dump, contract: AuxContract | None = None, tol: Tol
     _screen(results, ref_fp, cand_fp, tol)
     _measure(results, {v.name: v for v in ref_pool}, tol, progress)
     _judge(results, tol)
-    cmp = Comparison(ref, cand, plan, results, tol, ref_fp, cand_fp, ref_slot_streams)
+    cmp = Comparison(ref, cand, plan, results, tol, ref_fp, cand_fp, ref_slot_streams, ref_slot_names)
     cmp.seconds = time.perf_counter() - t0
     return cmp
 
@@ -135,21 +146,33 @@ def _same_floor(tol: ToleranceModel) -> float:
     return tol.dtype_floor("float32", "bfloat16") / 20
 
 
-def _reference_slot_streams(plan: align.Plan, ref_fp: dict, tol: ToleranceModel) -> list[int | None]:
-    """Which stream each reference aux slot holds: its claim, else identified in the reference itself."""
-    out: list[int | None] = []
+def _reference_slots(plan: align.Plan, ref_fp: dict, tol: ToleranceModel) -> tuple[list[int | None], list[str | None]]:
+    """What each reference aux slot holds: its claimed stream, else identified in the
+    reference itself against its own streams and final norm (no metadata needed)."""
+    streams: list[int | None] = []
+    found_names: list[str | None] = []
     for i, v in enumerate(plan.ref.slots):
         claimed = plan.ref.claimed_streams[i] if plan.ref.claimed_streams and i < len(plan.ref.claimed_streams) else None
         fp = ref_fp.get(_key(v))
         found = None
         if fp is not None and v.name in fp.data:
-            pool = [n for n in fp.data if names.parse(n).kind == names.HIDDEN]
+            pool = [n for n in fp.data if names.parse(n).kind in (names.HIDDEN, names.FINAL_NORM)]
             if pool:
                 ident = identify.rank(v.name, fp, fp, pool, _same_floor(tol))
                 if ident.best and ident.best.distance <= tol.dtype_floor(v.dtype, "bfloat16"):
-                    found = names.stream_of(ident.best.name)
-        out.append(claimed if claimed is not None else found)
-    return out
+                    found = ident.best.name
+        s_found = names.stream_of(found) if found else None
+        tm = plan.ref_meta_tensors.get(v.name) if plan.ref_meta_tensors else None
+        if (found is not None and s_found is None) or (tm is not None and tm.norm is not None and tm.norm.value != "none"):
+            claimed = None  # a post-norm (or otherwise transformed) slot is not a pre-norm stream
+        if claimed is not None and found is not None and s_found is not None and s_found != claimed:
+            plan.notes.append(f"reference {v.name} claims stream {claimed} but holds {found}; using what it holds")
+            claimed = s_found
+        streams.append(claimed if claimed is not None else s_found)
+        if found is None and claimed is not None and fp is not None and names.hidden(claimed) in fp.data:
+            found = names.hidden(claimed)
+        found_names.append(found)
+    return streams, found_names
 
 
 def _screen(results: list[Result], ref_fp: dict, cand_fp: dict, tol: ToleranceModel) -> None:
@@ -252,7 +275,15 @@ def _judge(results: list[Result], tol: ToleranceModel) -> None:
         strict_bad = tol.elementwise_strict and m.mismatched > 0
         if d <= r.floor and ident_ok and not strict_bad:
             r.status = "ok"
-        elif ident_ok and (gap is None or d < gap / 2):
-            r.status = "drift"
+        elif ident_ok and (gap is None or d < gap / 2 or _clear_best(r)):
+            r.status = "drift"  # still closest to the expected tensor: the same tensor, with error
         else:
             r.status = "mismatch"
+
+
+def _clear_best(r: Result) -> bool:
+    """The expected tensor is the best match and the runner-up is clearly farther."""
+    if r.ident is None or r.ident.best is None or r.ref is None:
+        return False
+    conf = r.ident.confidence
+    return r.ref.name in r.ident.group and conf is not None and conf >= CLEAR_BEST_RATIO

@@ -18,7 +18,7 @@ from consistency.diagnose.evidence import Evidence, Explanation
 from consistency.dump import names
 
 HOLD_FACTOR = 3.0  # an exact explanation must leave at most 3x the noise floor
-APPROX_FACTOR = 0.2  # an approximate one must cut the distance at least 5x
+APPROX_FACTOR = 0.5  # an approximate one must at least halve the distance (and pass its own checks)
 
 
 def explain(cmp: Comparison) -> tuple[list[Finding], str]:
@@ -42,6 +42,8 @@ def explain(cmp: Comparison) -> tuple[list[Finding], str]:
     st = story.tell(expected, [actual.get(r.slot or 0) for r in slots], cand_side, ref_side, ev._num_layers())
     if st is not None and st.code != "LAYER_MISMATCH":
         findings.insert(0, Finding.make(st.code, st.sentence, tensor=names.AUX, evidence=st.detail))
+    for f in findings:
+        f.identified_as = cmp.canonical(f.identified_as)
     return findings, _summary(cmp, findings, st, cand_side, ref_side)
 
 

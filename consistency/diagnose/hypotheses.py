@@ -44,8 +44,8 @@ def layer_mismatch(ev: Evidence, r: Result) -> Explanation | None:
         return None
     name, dist = b
     s_got, s_want = ev.cmp.stream_of(name), ev.cmp.stream_of(r.ref.name)
-    if s_got is None:
-        return None
+    if s_got is None or s_want is None or s_got == s_want:
+        return None  # the expected tensor is not a (pre-norm) stream: a norm hypothesis applies
     detail: dict = {"stream": s_got, "expected_stream": s_want}
     if s_want is not None:
         detail["offset"] = s_got - s_want
@@ -70,21 +70,24 @@ def residual_missing(ev: Evidence, r: Result) -> Explanation | None:
         kind = "MLP" if names.parse(n).kind == names.MLP_OUT else "attention"
         return Explanation("RESIDUAL_MISSING", f"holds layer {k}'s {kind} delta ({n}), not the residual stream: "
                            f"residual not added", before, d, n, {"layer": k, "block": kind})
-    # No parts recorded: the stream minus its predecessor is the layer's whole delta; a
-    # candidate near it, much smaller than the stream, is a delta (norm profile).
+    # No parts recorded: judge by the norm profile. A block delta is much smaller than the
+    # stream, matches no stream, and removing it from the stream moves it toward the
+    # previous stream (what is left is stream s-1 plus the other block's delta).
     s = ev.cmp.stream_of(r.ref.name)
-    if s is None or s == 0:
+    if s is None or s == 0 or (r.ident and r.ident.best and r.ident.best.distance <= ev.cmp.tol.dtype_floor(r.cand.dtype, r.ref.dtype)):
         return None
     prev, cur = ev.ref(r, names.hidden(s - 1)), ev.expected(r)
     if prev is None or cur is None:
         return None
-    delta = cur - prev
-    d = token_distance(c, delta)
     ratio = float(np.median(np.linalg.norm(c, axis=1) / np.maximum(np.linalg.norm(cur, axis=1), 1e-30)))
-    if ratio < 0.8 and d < 0.5 * before:
+    toward = token_distance(cur - c, prev) / max(token_distance(cur, prev), 1e-30)
+    after = token_distance(c + prev, cur)  # add back the residual we can see (stream s-1)
+    if ratio < 0.5 and toward < 1.0 and after < 0.5 * before:
         return Explanation("RESIDUAL_MISSING", f"looks like layer {s - 1}'s block delta, not stream {s}: its norm is "
-                           f"{ratio:.2f}x the stream's (record attn_out/mlp_out to prove it)", before, d,
-                           None, {"layer": s - 1, "norm_ratio": round(ratio, 4)}, approximate=True)
+                           f"{ratio:.2f}x the stream's and removing it moves stream {s} toward stream {s - 1} "
+                           f"(record attn_out/mlp_out, or the components, to prove it)", before, after, None,
+                           {"layer": s - 1, "norm_ratio": round(ratio, 4), "toward_previous": round(toward, 4)},
+                           approximate=True)
     return None
 
 
@@ -121,8 +124,9 @@ def norm_missing(ev: Evidence, r: Result) -> Explanation | None:
     d, kind, weighted = _norm_fit(e, c)
     if c.shape[0] < 8 and weighted:
         return None
-    return Explanation("NORM_MISSING", f"is the raw stream; the expected tensor is its {kind} output",
-                       before, d, r.ref.name if r.ref else None, {"norm": kind, "weighted": weighted})
+    raw = r.ident.best.name if r.ident and r.ident.best and names.parse(r.ident.best.name).kind == names.HIDDEN else None
+    return Explanation("NORM_MISSING", f"is the raw (pre-norm) stream{' ' + raw if raw else ''}; the expected tensor "
+                       f"is its {kind} output", before, d, raw, {"norm": kind, "weighted": weighted})
 
 
 def token_shift(ev: Evidence, r: Result) -> Explanation | None:

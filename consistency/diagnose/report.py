@@ -30,7 +30,7 @@ def build(cmp: Comparison, findings: list[Finding], summary: str) -> CompareRepo
         slots.append(SlotReport(
             slot=r.slot or 0, tensor=r.name, expected=r.expected,
             expected_stream=r.expected_stream if r.expected_stream is not None else cmp.stream_of(r.expected),
-            identified_as=ident, identified_stream=cmp.stream_of(ident),
+            identified_as=cmp.canonical(ident), identified_stream=cmp.stream_of(ident),
             token_rel_diff=float(f"{r.metrics.token_rel_diff:.4g}") if r.metrics else None,
             confidence=None if not r.ident or r.ident.confidence is None else float(f"{min(r.ident.confidence, 1e12):.4g}"),
             runner_up=r.ident.runner_up.name if r.ident and r.ident.runner_up else None,
