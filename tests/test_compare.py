@@ -118,3 +118,28 @@ def test_layout_only_differences_are_info(tmp_path):
     layout = [d for d in rep.metadata_diff if d.change.startswith("layout only")]
     assert layout and all(d.severity.value == "info" for d in layout)
     assert any(f.code == "LAYOUT_ONLY" and f.severity.value == "info" for f in rep.findings)
+
+
+def test_token_ids_that_differ_are_a_mismatch_with_position(tmp_path):
+    ref, cand = _pair(tmp_path, "tiny-llama", [0, 3, 7], [0, 3, 7])
+    from consistency.dump.reader import open_dump
+    from consistency.dump.writer import write_dump
+
+    with open_dump(cand) as d:
+        arrs = {n: (d[n].read_all(), d[n].dtype) for n in d.tensors}
+    ids = arrs["input_ids"][0].copy()
+    ids[[0, 5, 6]] += 1
+    arrs["input_ids"] = (ids, "int64")
+    write_dump(tmp_path / "ids.npz", arrs)
+    rep = run_compare(ref, str(tmp_path / "ids.npz"))
+    f = next(f for f in rep.findings if f.tensor == "input_ids")
+    assert f.code == "MISMATCH" and f.metrics["mismatched"] == 3 and f.metrics["first_mismatch_at"] == [0]
+
+
+def test_every_finding_code_is_documented():
+    from consistency.contract.findings import CODES
+    from tests.conftest import ROOT
+
+    text = (ROOT / "docs" / "findings.md").read_text()
+    for code in CODES.values():
+        assert f"\n## {code.doc.split('#')[1]}\n" in text, code.code

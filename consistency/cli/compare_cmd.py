@@ -80,6 +80,12 @@ def compare(reference: str, candidate: str, contract: str | None, json_out: str 
     for out in (json_out, html_out):
         if out and out != "-":
             check_writable(out, force)
+    if png_dir:
+        try:
+            from consistency.report.visual import require_png
+        except ImportError as exc:
+            raise UsageError(f"--png needs the report extra: pip install 'consistency[report]' ({exc})") from None
+        require_png()
     rep = run_compare(reference, candidate, contract, rtol, atol, threshold, tolerance,
                       progress=not quiet and sys.stderr.isatty(), layer_ids=layer_ids, convention=convention)
     text = rep.model_dump_json(indent=2)
@@ -104,7 +110,11 @@ def write_visual(rep, html_out: str | None, png_dir: str | None, force: bool) ->
         raise UsageError(f"--html/--png need the report extra: pip install 'consistency[report]' ({exc})") from None
     from pathlib import Path
 
+    import click as _click
+
     if html_out:
         visual.write_html(rep, Path(html_out), force=force)
+        _click.echo(f"report written to {html_out}", err=True)
     if png_dir:
         visual.write_pngs(rep, Path(png_dir), force=force)
+        _click.echo(f"plots written to {png_dir}", err=True)

@@ -204,7 +204,11 @@ def _assign_slots(slots: list[Result], tol: ToleranceModel) -> None:
     for r in slots:
         assert r.ident is not None
         best = r.ident.best.distance if r.ident.best else math.inf
-        limit = max(tol.dtype_floor(r.cand.dtype, "float32"), 2 * best)
+        floor = tol.dtype_floor(r.cand.dtype, "float32")
+        if best > 3 * floor:  # nothing matches: no tie to break, keep the plain ranking
+            options.append([(x.name, x.distance) for x in r.ident.ranking[:1]])
+            continue
+        limit = max(floor, 2 * best)
         opts = [(x.name, x.distance) for x in r.ident.ranking if x.distance <= limit]
         exp, exp_d = r.ident.expected, r.ident.expected_distance
         if exp and exp_d is not None and exp_d <= limit:

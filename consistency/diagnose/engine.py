@@ -101,9 +101,10 @@ def _finding(ev: Evidence, r: Result) -> tuple[list[Finding], int | None]:
     if r.status == "nonfinite":
         m = r.metrics
         assert m is not None
-        return [Finding.make("NONFINITE", f"{label}: {m.nonfinite_cand} non-finite values in the candidate "
-                             f"(first at {metrics.get('first_nonfinite_cand')}), {m.nonfinite_ref} in the reference "
-                             f"(first at {metrics.get('first_nonfinite_ref')})", metrics=metrics, **base)], None
+        sides = [f"{n} in the {side} (first at {metrics.get(key)})" for n, side, key in
+                 ((m.nonfinite_cand, "candidate", "first_nonfinite_cand"), (m.nonfinite_ref, "reference", "first_nonfinite_ref"))
+                 if n]
+        return [Finding.make("NONFINITE", f"{label}: NaN/Inf values: " + "; ".join(sides), metrics=metrics, **base)], None
     if r.status == "exact_mismatch":
         ex = r.exact or {}
         return [Finding.make("MISMATCH", f"{label}: {ex.get('mismatched')} of {ex.get('numel')} values differ; first at "
@@ -139,12 +140,14 @@ def _explain(ev: Evidence, r: Result, label: str, base: dict, metrics: dict) -> 
     if r.status == "drift":
         sev = Severity.warning if d <= DRIFT_ERROR_FACTOR * r.floor else Severity.error
         gap = r.ident.gap if r.ident else None
-        return [Finding.make("NUMERIC_DRIFT", f"{label} is still {r.expected} but differs by token rel_diff {d:.2e}, "
-                             f"above the {r.floor_why} floor {r.floor:.1e}" + (f" (nearest other stream is {gap:.2e} away)"
-                                                                               if gap else ""),
+        what = ev.stream_name(r.ref.name)
+        near_other = f"; the nearest other stream is {gap:.2e} away" if gap else ""
+        return [Finding.make("NUMERIC_DRIFT", f"{label} still holds {what} but differs by token rel_diff {d:.2e}, "
+                             f"{d / r.floor:.0f}x its noise floor ({r.floor_why}){near_other}",
                              severity=sev, identified_as=r.expected, metrics=metrics, **base)], r.expected_stream
-    near = ", ".join(f"{x.name} ({x.distance:.3g})" for x in (r.ident.ranking[:3] if r.ident else []))
-    return [Finding.make("UNKNOWN", f"{label} differs from {r.expected} (token rel_diff {d:.3g}) and no explanation "
+    near = ", ".join(f"{ev.cmp.canonical(x.name)} ({x.distance:.3g})" for x in (r.ident.ranking[:3] if r.ident else []))
+    return [Finding.make("UNKNOWN", f"{label} differs from {ev.stream_name(r.expected or '')} (token rel_diff {d:.3g}) "
+                         f"and no explanation "
                          f"holds; nearest: {near or 'none'}. {r.metrics.mismatch_sentence(r.cand.shape)}",
                          identified_as=None, metrics=metrics, **base)], None
 

@@ -88,7 +88,8 @@ class Evidence:
         """How to say a reference name in a sentence: 'stream 3 (layer 2's output)'."""
         s = self.cmp.stream_of(name)
         if s is None:
-            return name
+            canon = self.cmp.canonical(name)
+            return canon if canon == name else f"{canon} ({name})"
         n = self._num_layers()
         if s == 0:
             return "stream 0 (the embedding)"

@@ -38,6 +38,7 @@ def atomic_write(path: str | Path, force: bool = False) -> Iterator[BinaryIO]:
     """Yield a binary file object whose content appears under ``path`` only on success."""
     p = check_writable(path, force)
     fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.tmp-", dir=p.parent)
+    os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600; outputs get the usual permissions
     ok = False
     try:
         with os.fdopen(fd, "wb") as fh:
@@ -75,3 +76,9 @@ def _fsync_dir(d: Path) -> None:
             os.fsync(dfd)
         finally:
             os.close(dfd)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask

@@ -156,26 +156,31 @@ def describe(g: Grid) -> str:
         return "No slot has both an expected and an identified stream to mark."
     wrong = [p for p in pairs if p[1] != p[2]]
     if not wrong:
-        return "Every slot holds the stream it was expected to hold: the marks sit inside the outlines."
+        return "Every slot holds the stream it was expected to hold: each ring sits inside its outline."
     k = slot_shift(g)
+    offsets = {d - e for _, e, d in wrong}
     if k:
-        side = "right" if (g.view == "focus") == (k > 0) else "left"
-        return (f"Slot shift by {abs(k)}: each slot holds what slot {'i+' if k > 0 else 'i-'}{abs(k)} was expected "
-                f"to hold, so the marked diagonal sits {abs(k)} column{'s' if abs(k) != 1 else ''} "
-                f"{side} of the outlined one" + (" in the focus view." if g.view == "all" else "."))
+        head = (f"Slot shift by {abs(k)}: slot i holds the stream that slot i{'+' if k > 0 else '-'}{abs(k)} "
+                f"was expected to hold")
+        if len(offsets) == 1 and len(wrong) == len(pairs):
+            d = offsets.pop()
+            return (f"{head}, so the ringed diagonal sits {abs(d)} column{'s' if abs(d) != 1 else ''} "
+                    f"{'right' if d > 0 else 'left'} of the outlined one.")
+        return (f"{head}: each ring sits in the column of the outline {abs(k)} row{'s' if abs(k) != 1 else ''} "
+                f"{'below' if k > 0 else 'above'} it.")
     return (f"{len(wrong)} of {len(pairs)} slot{'s' if len(pairs) != 1 else ''} hold another stream than expected: "
-            f"the mark sits outside the outline in those rows.")
+            f"in those rows the ring sits outside the outline.")
 
 
 def slot_shift(g: Grid) -> int:
-    """k != 0 when slot i holds what slot i+k was expected to hold, for every slot where both exist."""
+    """k != 0 when slot i holds what slot i+k was expected to hold, in every row where both are known."""
     n = len(g.rows)
     for k in sorted(range(-(n - 1), n), key=abs):
         if k == 0:
             continue
-        hits = [(g.identified[i], g.expected[i + k]) for i in range(n) if 0 <= i + k < n
+        hits = [g.identified[i] == g.expected[i + k] for i in range(n) if 0 <= i + k < n
                 and g.identified[i] is not None and g.expected[i + k] is not None]
-        if len(hits) >= max(1, (n - abs(k)) // 2 + (1 if n - abs(k) > 1 else 0)) and all(a == b for a, b in hits):
+        if hits and all(hits) and len(hits) >= (n - abs(k) + 1) // 2:
             return k
     return 0
 
@@ -189,13 +194,3 @@ def fmt(v: float | None) -> str:
     if 1e-3 <= abs(v) < 1e4:
         return f"{v:.3g}"
     return f"{v:.1e}".replace("e-0", "e-").replace("e+0", "e+")
-
-
-def doc_anchor_ok(href: str) -> bool:
-    """A doc link from a report is only emitted when it is a plain relative path or an http(s)/file URL."""
-    return bool(href) and not any(ch in href for ch in "\"'<> \n\r\t\\") and (
-        href.startswith(("http://", "https://", "file://")) or ":" not in href.split("#", 1)[0])
-
-
-def sorted_streams(cols: list[str]) -> list[str]:
-    return sorted(cols, key=names.sort_key)
