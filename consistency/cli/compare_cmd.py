@@ -75,7 +75,6 @@ def compare(reference: str, candidate: str, contract: str | None, json_out: str 
     differs (the report says what it is), 2 for bad usage or unreadable input.
     """
     from consistency.dump.atomic import check_writable, write_text_atomic
-    from consistency.report.text import console, render
 
     for out in (json_out, html_out):
         if out and out != "-":
@@ -95,10 +94,13 @@ def compare(reference: str, candidate: str, contract: str | None, json_out: str 
         write_text_atomic(json_out, text + "\n", force=force)
     if html_out or png_dir:
         write_visual(rep, html_out, png_dir, force)
-    if json_out != "-":
-        render(rep, console(), quiet=quiet, show_ok=show_ok)
+    if quiet or json_out == "-":  # one line; no rich import on the CI path
+        word = click.style(rep.verdict.upper(), fg="green" if rep.verdict == "pass" else "red", bold=True)
+        click.echo(f"{word}  {rep.summary}", err=json_out == "-")
     else:
-        render(rep, console(sys.stderr), quiet=True)
+        from consistency.report.text import console, render
+
+        render(rep, console(), show_ok=show_ok)
     sys.exit(0 if rep.verdict == "pass" else 1)
 
 

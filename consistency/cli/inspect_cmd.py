@@ -15,10 +15,10 @@ def inspect(dump: str, as_json: bool) -> None:
     from rich.table import Table
 
     from consistency.dump import names
-    from consistency.dump.reader import open_dump
+    from consistency.dump.sets import open_side
     from consistency.report.text import console
 
-    with open_dump(dump) as d:
+    with open_side(dump) as d:
         tensors = [{"name": n, "dtype": d[n].dtype, "shape": list(d[n].shape)} for n in d.names]
         meta = json.loads(d.metadata.model_dump_json(exclude_none=True)) if d.metadata else None
         if as_json:

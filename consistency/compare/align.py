@@ -47,6 +47,14 @@ class Plan:
     ref_meta_tensors: dict = field(default_factory=dict)  # reference per-tensor metadata (norm state, ...)
 
 
+COMPONENTS = (".hidden_states", ".residual")
+
+
+def is_component(name: str) -> bool:
+    """``aux.{i}.hidden_states`` / ``aux.{i}.residual``: a slot's parts, kept as evidence."""
+    return name.startswith(names.AUX + ".") and name.endswith(COMPONENTS)
+
+
 def hidden_width(d: Dump) -> int | None:
     for n in d.names:
         if names.parse(n).kind in (names.HIDDEN, names.MLP_OUT, names.ATTN_OUT) and d[n].cols > 1:
@@ -113,7 +121,10 @@ def build(ref: Dump, cand: Dump, contract: AuxContract | None = None) -> Plan:
             plan.missing.append(n)
         else:
             plan.not_compared.append(n)
-    plan.extra = [n for n in cand.names if n not in ref.tensors and n not in aux_names]
+    plan.extra = [n for n in cand.names if n not in ref.tensors and n not in aux_names and not is_component(n)]
+    for d in (ref, cand):
+        if d.metadata and isinstance(d.metadata.extra.get("notes"), list):
+            plan.notes += [f"{d.path.name}: {x}" for x in d.metadata.extra["notes"] if isinstance(x, str)]
     return plan
 
 

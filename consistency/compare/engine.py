@@ -21,6 +21,7 @@ from consistency.contract.models import AuxContract
 from consistency.dump import names
 from consistency.dump.reader import Dump, TensorView
 
+DRIFT_WITHOUT_GAP = 10.0  # with no neighbour stream to measure against, drift stays within 10x the floor
 CLEAR_BEST_RATIO = 1.5  # drift larger than the neighbour gap still counts as drift past this margin
 ProgressFactory = Callable[[str, int], Callable[[int], None]]
 
@@ -42,7 +43,6 @@ class Result:
     floor: float | None = None
     floor_why: str = ""
     ident: identify.Identification | None = None
-    ident_metrics: PairMetrics | None = None
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -127,7 +127,7 @@ def compare(ref: Dump, cand: Dump, contract: AuxContract | None = None, tol: Tol
             if n.kind == names.AUX and n.index is not None and n.index < len(ref_slot_streams):
                 r.expected_stream = ref_slot_streams[n.index]
     _screen(results, ref_fp, cand_fp, tol)
-    _measure(results, {v.name: v for v in ref_pool}, tol, progress)
+    _measure(results, tol, progress)
     _judge(results, tol)
     cmp = Comparison(ref, cand, plan, results, tol, ref_fp, cand_fp, ref_slot_streams, ref_slot_names)
     cmp.seconds = time.perf_counter() - t0
@@ -155,8 +155,8 @@ def _reference_slots(plan: align.Plan, ref_fp: dict, tol: ToleranceModel) -> tup
         claimed = plan.ref.claimed_streams[i] if plan.ref.claimed_streams and i < len(plan.ref.claimed_streams) else None
         fp = ref_fp.get(_key(v))
         found = None
-        if fp is not None and v.name in fp.data:
-            pool = [n for n in fp.data if names.parse(n).kind in (names.HIDDEN, names.FINAL_NORM)]
+        if fp is not None and v.name in fp:
+            pool = [n for n in fp.names if names.parse(n).kind in (names.HIDDEN, names.FINAL_NORM)]
             if pool:
                 ident = identify.rank(v.name, fp, fp, pool, _same_floor(tol))
                 if ident.best and ident.best.distance <= tol.dtype_floor(v.dtype, "bfloat16"):
@@ -169,7 +169,7 @@ def _reference_slots(plan: align.Plan, ref_fp: dict, tol: ToleranceModel) -> tup
             plan.notes.append(f"reference {v.name} claims stream {claimed} but holds {found}; using what it holds")
             claimed = s_found
         streams.append(claimed if claimed is not None else s_found)
-        if found is None and claimed is not None and fp is not None and names.hidden(claimed) in fp.data:
+        if found is None and claimed is not None and fp is not None and names.hidden(claimed) in fp:
             found = names.hidden(claimed)
         found_names.append(found)
     return streams, found_names
@@ -182,12 +182,12 @@ def _screen(results: list[Result], ref_fp: dict, cand_fp: dict, tol: ToleranceMo
             continue
         rfp, cfp = ref_fp[_key(r.cand)], cand_fp[_key(r.cand)]
         same = _same_floor(tol)
-        expected_in = r.expected is not None and r.ref is not None and r.ref.name in rfp.data
+        expected_in = r.expected is not None and r.ref is not None and r.ref.name in rfp
         if expected_in and r.slot is None:
             d = cfp.distance(r.cand.name, r.ref.name, rfp)
             if d <= tol.dtype_floor(r.ref.dtype, r.cand.dtype):
                 continue  # same-name pair that already agrees: no identification needed
-        pool = list(rfp.data)
+        pool = list(rfp.names)
         r.ident = identify.rank(r.cand.name, cfp, rfp, pool, same)
         if expected_in:
             r.ident.expected = r.ref.name
@@ -220,9 +220,9 @@ def _assign_slots(slots: list[Result], tol: ToleranceModel) -> None:
             r.ident.promote(name, r.ident.expected_distance if name == r.ident.expected else None)
 
 
-def _measure(results: list[Result], ref_views: dict[str, TensorView], tol: ToleranceModel,
-             progress: ProgressFactory | None) -> None:
-    """Full streaming metrics for (cand, expected) and, when different, (cand, identified)."""
+def _measure(results: list[Result], tol: ToleranceModel, progress: ProgressFactory | None) -> None:
+    """Full streaming metrics for (cand, expected); identification already has what it
+    needs from the fingerprints, so nothing else is read in full."""
     jobs: dict[tuple[int, int], list[tuple[Result, str, TensorView, TensorView, float, float]]] = defaultdict(list)
     for r in results:
         if r.ref is None:
@@ -244,20 +244,12 @@ def _measure(results: list[Result], ref_views: dict[str, TensorView], tol: Toler
             continue
         rtol, atol = tol.element_tol(r.ref.dtype, r.cand.dtype)
         jobs[_key(r.cand)].append((r, "expected", r.ref, r.cand, rtol, atol))
-        ident = r.identified
-        if ident and ident != r.ref.name and r.ident is not None:
-            iv = ref_views.get(ident)
-            if iv is not None:
-                jobs[_key(r.cand)].append((r, "ident", iv, r.cand, rtol, atol))
     total = sum(v.rows for group in jobs.values() for v in [group[0][3]])
     tick = progress("measuring", total) if progress and total else None
     for group in jobs.values():
         ms = stream.measure([(j[2], j[3], j[4], j[5]) for j in group], tick)
-        for (r, what, *_rest), m in zip(group, ms, strict=True):
-            if what == "expected":
-                r.metrics = m
-            else:
-                r.ident_metrics = m
+        for (r, _what, *_rest), m in zip(group, ms, strict=True):
+            r.metrics = m
 
 
 def _judge(results: list[Result], tol: ToleranceModel) -> None:
@@ -279,7 +271,8 @@ def _judge(results: list[Result], tol: ToleranceModel) -> None:
         strict_bad = tol.elementwise_strict and m.mismatched > 0
         if d <= r.floor and ident_ok and not strict_bad:
             r.status = "ok"
-        elif ident_ok and (gap is None or d < gap / 2 or _clear_best(r)):
+        elif ident_ok and ((gap is None and d <= DRIFT_WITHOUT_GAP * r.floor) or
+                           (gap is not None and (d < gap / 2 or _clear_best(r)))):
             r.status = "drift"  # still closest to the expected tensor: the same tensor, with error
         else:
             r.status = "mismatch"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -19,19 +20,23 @@ import numpy as np
 from consistency.dump import names
 from consistency.dump.reader import TensorView
 
-DEFAULT_BUDGET = 192 * 1024 * 1024
+DEFAULT_BUDGET = int(os.environ.get("CONSISTENCY_SAMPLE_MB", "192")) * 1024 * 1024
 MAX_SAMPLE = 256
 MIN_SAMPLE = 16
 HEAD_ROWS = 4  # massive-activation / sink tokens live at the start
 
 
-def sample_index(rows: int, k: int) -> np.ndarray:
-    """Deterministic row sample: the first HEAD_ROWS rows, then evenly spaced rows."""
+def sample_index(rows: int, k: int, block: int = 8) -> np.ndarray:
+    """Deterministic row sample: the first HEAD_ROWS rows (sinks and massive activations
+    live there), then blocks of ``block`` consecutive rows at evenly spaced offsets, so a
+    sample costs a few dozen reads instead of one read per row."""
     if rows <= k:
         return np.arange(rows, dtype=np.int64)
     head = np.arange(min(HEAD_ROWS, k), dtype=np.int64)
-    rest = np.linspace(len(head), rows - 1, k - len(head)).round().astype(np.int64)
-    return np.unique(np.concatenate([head, rest]))
+    n_blocks = max(1, (k - len(head)) // block)
+    starts = np.linspace(len(head), rows - block, n_blocks).round().astype(np.int64)
+    rest = (starts[:, None] + np.arange(block)[None, :]).reshape(-1)
+    return np.unique(np.concatenate([head, rest[(rest >= 0) & (rest < rows)]]))
 
 
 def sample_size(rows: int, cols: int, n_tensors: int, budget_bytes: int = DEFAULT_BUDGET) -> int:
@@ -53,19 +58,60 @@ def token_distance(a: np.ndarray, b: np.ndarray) -> float:
 
 
 class Fingerprints:
-    """Sampled rows (fp64) of a set of tensors that share rows and cols."""
+    """Sampled rows (fp64) of a set of tensors that share rows and cols, stacked as one
+    [k, n, cols] array with each row's squared norm cached: the distances from one tensor
+    to all n others are then a single batched matrix-vector product."""
 
     def __init__(self, views: Iterable[TensorView], index: np.ndarray) -> None:
         self.index = index
-        self.data: dict[str, np.ndarray] = {}
-        for v in views:
-            arr = v.take_rows(index, np.float64)
-            arr[~np.isfinite(arr)] = 0.0
-            self.data[v.name] = arr
+        views = list(views)
+        self.names = [v.name for v in views]
+        self.pos = {n: i for i, n in enumerate(self.names)}
+        cuts = np.flatnonzero(np.diff(index) != 1) + 1  # contiguous runs of the sample
+        runs = [(int(r[0]), int(r[-1]) + 1) for r in np.split(index, cuts) if len(r)]
+        cols = views[0].cols if views else 0
+        self.stack = np.zeros((len(index), len(views), cols))
+        for j, v in enumerate(views):
+            at = 0
+            for a, b in runs:
+                self.stack[at:at + b - a, j] = v.rows_float(a, b, np.float32)
+                at += b - a
+        self.stack[~np.isfinite(self.stack)] = 0.0
+        self.sqn = np.einsum("knh,knh->kn", self.stack, self.stack)  # [k, n]
+        self._memo: dict[tuple[str, int], np.ndarray] = {}
+
+    @property
+    def data(self) -> dict[str, np.ndarray]:
+        """name -> sampled rows [k, cols] (views into the stack)."""
+        return {n: self.stack[:, i] for n, i in self.pos.items()}
+
+    def rows(self, name: str) -> np.ndarray:
+        return self.stack[:, self.pos[name]]
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.pos
+
+    def distances(self, a: str, other: Fingerprints | None = None) -> np.ndarray:
+        """Token rel_diff from tensor ``a`` (of self) to every tensor of ``other``, via
+        Σa²+Σb²-2Σab in fp64 (the cancellation is far below any floor)."""
+        src = other if other is not None else self
+        key = (a, id(src))
+        if key not in self._memo:
+            x = self.stack[:, self.pos[a]]  # [k, h]
+            if src.stack.shape[0] != x.shape[0] or src.stack.shape[2] != x.shape[1]:
+                self._memo[key] = np.full(len(src.names), math.inf)
+            else:
+                dots = np.matmul(src.stack, x[:, :, None])[..., 0]  # [k, n]
+                den = self.sqn[:, self.pos[a]][:, None] + src.sqn
+                num = np.maximum(den - 2.0 * dots, 0.0)
+                out = np.zeros_like(num)
+                np.divide(num, den, out=out, where=den > 0)
+                self._memo[key] = out.mean(axis=0)
+        return self._memo[key]
 
     def distance(self, a: str, b: str, other: Fingerprints | None = None) -> float:
         src = other if other is not None else self
-        return token_distance(self.data[a], src.data[b])
+        return float(self.distances(a, src)[src.pos[b]])
 
 
 @dataclass
@@ -119,7 +165,8 @@ class Identification:
 
 def rank(cand: str, cfp: Fingerprints, rfp: Fingerprints, candidates: Sequence[str], same_floor: float) -> Identification:
     """Rank reference ``candidates`` for one candidate tensor; merge references equal to each other."""
-    dist = sorted(((cfp.distance(cand, r, rfp), names.preference(r), r) for r in candidates))
+    all_d = cfp.distances(cand, rfp)
+    dist = sorted(((float(all_d[rfp.pos[r]]), names.preference(r), r) for r in candidates))
     ranked: list[Ranked] = []
     groups: list[list[str]] = []
     for d, _pref, r in dist:
@@ -146,11 +193,10 @@ def rank(cand: str, cfp: Fingerprints, rfp: Fingerprints, candidates: Sequence[s
 def neighbour_gap(expected: str, rfp: Fingerprints, pool: Sequence[str], same_floor: float) -> float | None:
     """Distance from ``expected`` to the nearest other reference stream (its own copies excluded)."""
     best = math.inf
+    all_d = rfp.distances(expected)
     for r in pool:
-        if r == expected:
-            continue
-        d = rfp.distance(expected, r)
-        if d > same_floor:
+        d = float(all_d[rfp.pos[r]])
+        if r != expected and d > same_floor:
             best = min(best, d)
     return None if math.isinf(best) else best
 

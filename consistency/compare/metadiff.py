@@ -12,7 +12,22 @@ import json
 import re
 from typing import Any
 
-from deepdiff import DeepDiff
+
+def _deepdiff():  # noqa: ANN202
+    """Import deepdiff without its optional pandas/polars support: importing pandas costs
+    ~0.4 s and ~50 MB, and metadata is plain JSON (bench/bench_compare.py measures start-up)."""
+    import sys
+
+    blocked = {m: sys.modules.get(m) for m in ("pandas", "polars") if m not in sys.modules}
+    for m in blocked:
+        sys.modules[m] = None  # type: ignore[assignment]
+    try:
+        from deepdiff import DeepDiff
+    finally:
+        for m in blocked:
+            if sys.modules.get(m) is None:
+                del sys.modules[m]
+    return DeepDiff
 
 from consistency.contract.findings import MetaDiff, Severity
 from consistency.contract.models import DumpMetadata
@@ -47,6 +62,7 @@ def diff(ref: DumpMetadata | None, cand: DumpMetadata | None, pairs: dict[str, s
     a, b = _plain(ref), _plain(cand)
     ta, tb = a.pop("tensors", {}), b.pop("tensors", {})
     out: list[MetaDiff] = []
+    DeepDiff = _deepdiff()
     if a and b:
         out += _entries(DeepDiff(a, b, ignore_order=False, verbose_level=2), "")
     for cname, rname in pairs.items():

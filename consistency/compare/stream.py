@@ -16,7 +16,7 @@ import numpy as np
 from consistency.compare.metrics import PairAccumulator, PairMetrics
 from consistency.dump.reader import TensorView
 
-CHUNK_BYTES = 24 * 1024 * 1024
+CHUNK_BYTES = int(os.environ.get("CONSISTENCY_CHUNK_MB", "64")) * 1024 * 1024
 Progress = Callable[[int], None]
 
 
@@ -38,8 +38,8 @@ def measure(pairs: Sequence[tuple[TensorView, TensorView, float, float]], progre
     for r, c, _rt, _at in pairs:
         distinct.setdefault(id(r), r)
         distinct.setdefault(id(c), c)
-    # fp32 copies of every distinct view, plus fp64 temporaries per pair being folded
-    per_row = cols * (4 * len(distinct) + 8 * 4 * min(len(pairs), workers()))
+    # fp32 copies of every distinct view, plus fp32 temporaries (d, |x|) per pair being folded
+    per_row = cols * (4 * len(distinct) + 4 * 3 * min(len(pairs), workers()))
     chunk = max(1, chunk_bytes // max(1, per_row))
     with ThreadPoolExecutor(max_workers=workers()) as pool:
         for start in range(0, rows, chunk):

@@ -4,6 +4,12 @@ Each entry maps a runtime's native aux-layer ids to stream indices (see
 docs/conventions.md). A version-dependent runtime (SGLang changed its rule in PR #25454)
 has one entry per version range; :func:`resolve` picks the entry for ``name@version`` and
 says which rule it assumed when no version was given, so a user can see the assumption.
+
+Three smaller tables sit beside the id rules, because a server's behaviour has three
+independent parts that change in different releases: *where* it reads the ids
+(:data:`ID_SOURCES`), *what* an id means (:data:`REGISTRY`) and *which* streams its model
+files can capture at all (:data:`CAPTURE_LIMITS`). vLLM also picks one of two model runners
+that read different keys (:func:`vllm_runner`). ``consistency lint`` combines them.
 """
 
 from __future__ import annotations
@@ -143,7 +149,7 @@ REGISTRY: tuple[Convention, ...] = (
                id_location="eagle_aux_hidden_state_layer_ids (top level)"),
     Convention("specforge", "specforge", "id j is the output of layer j: stream j+1 (HF backend hooks layers[j])",
                "sgl-project/SpecForge specforge/algorithms/model_providers.py resolve_eagle_capture_layers",
-               map_id=_plus_one, 
+               map_id=_plus_one,
                id_location="model.aux_hidden_state_layer_ids, else eagle_config.eagle_aux_hidden_state_layer_ids"),
     Convention("modelopt", "modelopt", "id j is the output of layer j: stream j+1",
                "NVIDIA/Model-Optimizer modelopt/torch/speculative/plugins/hf_eagle.py", map_id=_plus_one,
@@ -225,3 +231,162 @@ def describe_streams(streams: Sequence[int], num_layers: int | None) -> list[str
 def hf_index_norm(index: int, num_layers: int) -> NormState:
     """HF's ``output_hidden_states[N]`` is post-norm; every other index is a pre-norm stream."""
     return NormState.final_norm if index == num_layers else NormState.none
+
+
+# --- where a runtime reads the ids, which streams it can capture, which vLLM runner runs ---
+
+def _in_range(v: tuple[int, ...] | None, lo: tuple[int, ...] | None, hi: tuple[int, ...] | None) -> bool:
+    """Whether version ``v`` lies in [lo, hi); an unknown version counts as the newest."""
+    if v is None:
+        return hi is None
+    return (lo is None or v >= lo) and (hi is None or v < hi)
+
+
+@dataclass(frozen=True)
+class IdSource:
+    """The config keys a runtime reads the draft's aux ids from, first non-empty one wins."""
+
+    runtime: str
+    keys: tuple[str, ...]  # dotted paths into the draft's config.json
+    source: str
+    runner: str = ""  # vLLM: "v1" or "v2"; empty for runtimes with one code path
+    min_version: tuple[int, ...] | None = None
+    max_version: tuple[int, ...] | None = None
+
+
+TOP_IDS = "eagle_aux_hidden_state_layer_ids"
+NESTED_IDS = "eagle_config.eagle_aux_hidden_state_layer_ids"
+NESTED_LAYER_IDS = "eagle_config.layer_ids"
+VLLM_NESTED_V1 = (0, 22)  # V1 runner falls back to the nested key (absent in 0.21.0)
+VLLM_LAYER_IDS_V2 = (0, 28)  # V2 runner reads eagle_config.layer_ids (absent in 0.26.0)
+_V1 = "vllm/v1/worker/gpu_model_runner.py (V1 runner)"
+_V2 = "vllm/v1/worker/gpu/spec_decode/eagle/eagle3_utils.py (V2 runner)"
+
+ID_SOURCES: tuple[IdSource, ...] = (
+    IdSource("sglang", (NESTED_IDS,), "sglang model_executor/model_runner.py (0.5.12), "
+             "model_runner_components/spec_aux_hidden_state.py (0.5.23): nested key only"),
+    IdSource("vllm", (TOP_IDS,), _V1 + ": top level only", "v1", max_version=VLLM_NESTED_V1),
+    IdSource("vllm", (TOP_IDS, NESTED_IDS), _V1 + ": top level, else the nested key", "v1", min_version=VLLM_NESTED_V1),
+    IdSource("vllm", (TOP_IDS,), _V2 + ": top level only", "v2", max_version=VLLM_LAYER_IDS_V2),
+    IdSource("vllm", (TOP_IDS, NESTED_LAYER_IDS), _V2 + ": top level, else eagle_config.layer_ids", "v2",
+             min_version=VLLM_LAYER_IDS_V2),
+    IdSource("speculators", (TOP_IDS,), "speculators models/eagle3/config.py"),
+    IdSource("specforge", (NESTED_IDS,),
+             "SpecForge specforge/algorithms/model_providers.py resolve_eagle_capture_layers"),
+    IdSource("modelopt", (NESTED_IDS,), "Model-Optimizer modelopt/torch/export/plugins/hf_spec_configs.py"),
+)
+
+
+def id_source(runtime: str, version: tuple[int, ...] | None, runner: str = "") -> IdSource | None:
+    for s in ID_SOURCES:
+        ok_runner = not s.runner or s.runner == runner
+        if s.runtime == runtime and ok_runner and _in_range(version, s.min_version, s.max_version):
+            return s
+    return None
+
+
+@dataclass(frozen=True)
+class CaptureLimit:
+    """Whether a runtime's model file can capture stream 0 (the embedding) and stream N."""
+
+    runtime: str
+    first: str  # "ok", "error" (crashes), "unknown"
+    last: str  # "ok", "dropped" (silently not captured), "error" (raises), "unknown"
+    source: str
+    architectures: frozenset[str] = frozenset()  # empty: every other architecture
+    min_version: tuple[int, ...] | None = None
+    max_version: tuple[int, ...] | None = None
+
+
+CAPTURE_LIMITS: tuple[CaptureLimit, ...] = (
+    CaptureLimit("sglang", "error", "dropped", "sglang models/llama.py <= 0.5.21: `hidden_states + residual` with "
+                 "residual None at layer 0 (TypeError); the loop captures before each layer, never after the last",
+                 max_version=(0, 5, 22)),
+    CaptureLimit("sglang", "ok", "dropped", "sglang models/llama.py 0.5.22+: attn_boundary capture (embedding ok); "
+                 "final_norm gets no capture", min_version=(0, 5, 22)),
+    CaptureLimit("sglang", "error", "dropped", "sglang models/deepseek_v2.py <= 0.5.13: residual None at layer 0",
+                 SGLANG_DEEPSEEK, max_version=(0, 5, 14)),
+    CaptureLimit("sglang", "ok", "dropped", "sglang deepseek_v2.py 0.5.14-0.5.16: capture in the layer communicator",
+                 SGLANG_DEEPSEEK, (0, 5, 14), (0, 5, 17)),
+    CaptureLimit("sglang", "ok", "error", "sglang deepseek_v2.py 0.5.17+: AuxHiddenStatePacker.finalize raises "
+                 "'captured k of K aux hidden states'", SGLANG_DEEPSEEK, min_version=(0, 5, 17)),
+    CaptureLimit("sglang", "unknown", "ok", "sglang gpt_oss.py 0.5.17+ (PR #32334): ids may name the final boundary N",
+                 SGLANG_GPT_OSS, min_version=SGLANG_32334_VERSION),
+    CaptureLimit("vllm", "error", "dropped", "vllm models/llama.py < 0.18: capture before each layer "
+                 "(hidden_states + residual, residual None at 0)", max_version=(0, 18)),
+    CaptureLimit("vllm", "ok", "ok", "vllm interfaces.py EagleModelMixin (PR #36063, 0.18+): streams 0..N",
+                 min_version=(0, 18)),
+    CaptureLimit("vllm", "error", "dropped", "vllm models/deepseek_v2.py < 0.25: capture before each layer",
+                 SGLANG_DEEPSEEK, max_version=(0, 25)),
+    CaptureLimit("vllm", "error", "ok", "vllm models/deepseek_v2.py 0.25+ (PR #46973 appends stream N; stream 0 "
+                 "still adds a None residual)", SGLANG_DEEPSEEK, min_version=(0, 25)),
+)
+
+
+def capture_limit(runtime: str, version: tuple[int, ...] | None, architecture: str | None) -> CaptureLimit | None:
+    rows = [c for c in CAPTURE_LIMITS if c.runtime == runtime and _in_range(version, c.min_version, c.max_version)]
+    specific = [c for c in rows if architecture is not None and architecture in c.architectures]
+    return (specific or [c for c in rows if not c.architectures] or [None])[0]
+
+
+# vLLM's model runner (vllm/config/vllm.py VllmConfig.use_v2_model_runner): VLLM_USE_V2_MODEL_RUNNER wins;
+# V2 became the default for dense models in 0.25 (PR #44443) and for every model in 0.29 (PR #53183).
+VLLM_V2_DENSE = (0, 25)
+VLLM_V2_ALL = (0, 29)
+VLLM_V2_MOE_ARCHS: tuple[tuple[tuple[int, ...], frozenset[str]], ...] = (
+    ((0, 25), frozenset({"DeepseekV2ForCausalLM", "Qwen2MoeForCausalLM", "GraniteMoeForCausalLM"})),
+    ((0, 26), frozenset({"DeepseekV2ForCausalLM", "Qwen2MoeForCausalLM", "GraniteMoeForCausalLM",
+                         "InklingForCausalLM", "InklingForConditionalGeneration", "LongcatFlashNgramForCausalLM"})),
+    ((0, 28), frozenset({"DeepseekV2ForCausalLM", "DeepseekV4ForCausalLM", "GraniteMoeForCausalLM",
+                         "InklingForCausalLM", "InklingForConditionalGeneration", "KimiK3ForConditionalGeneration",
+                         "LongcatFlashNgramForCausalLM", "Qwen2MoeForCausalLM"})),
+)
+
+
+def vllm_runner(version: tuple[int, ...] | None, architecture: str | None, is_moe: bool | None,
+                env: str | None = None, v1_only_feature: str | None = None) -> tuple[str, str]:
+    """('v1'|'v2', why) for a vLLM version, target and command line (env = VLLM_USE_V2_MODEL_RUNNER)."""
+    if env is not None and env.strip() != "":
+        on = env.strip().lower() in ("1", "true", "yes", "on")
+        return ("v2" if on else "v1"), f"VLLM_USE_V2_MODEL_RUNNER={env}"
+    if version is not None and version < VLLM_V2_DENSE:
+        return "v1", "V1 is the default before vllm 0.25"
+    if v1_only_feature:
+        return "v1", f"the V2 runner does not support {v1_only_feature}"
+    if version is None or version >= VLLM_V2_ALL:
+        return "v2", "V2 is the default for every model since vllm 0.29 (PR #53183)"
+    if is_moe is None:
+        return "v2", "V2 is the default for dense models since vllm 0.25 (PR #44443); target MoE-ness unknown"
+    if not is_moe:
+        return "v2", "V2 is the default for dense models since vllm 0.25 (PR #44443)"
+    archs = [a for v, a in VLLM_V2_MOE_ARCHS if version >= v][-1]
+    if architecture in archs:
+        return "v2", f"{architecture} is on vllm {'.'.join(map(str, version))}'s default-V2 list"
+    return "v1", "MoE targets stay on the V1 runner by default before vllm 0.29"
+
+
+def version_points(runtime: str) -> list[tuple[tuple[int, ...] | None, tuple[int, ...] | None, tuple[int, ...] | None]]:
+    """(lo, hi, representative) for each range between the version boundaries this module
+    knows for ``runtime``: what a linter evaluates when no version is pinned. The last
+    range's representative is None, which every table reads as "the newest release"."""
+    cuts: set[tuple[int, ...]] = set()
+    for c in (*REGISTRY, *ID_SOURCES, *CAPTURE_LIMITS):
+        if c.runtime == runtime:
+            cuts.update(v for v in (c.min_version, c.max_version) if v)
+    if runtime == "vllm":
+        cuts.update({VLLM_V2_DENSE, VLLM_V2_ALL, *(v for v, _ in VLLM_V2_MOE_ARCHS)})
+    edges = sorted(cuts)
+    out: list[tuple[tuple[int, ...] | None, tuple[int, ...] | None, tuple[int, ...] | None]] = []
+    for i, b in enumerate(edges):
+        k = max((j for j, x in enumerate(b) if x > 0), default=0)
+        below = (*b[:k], b[k] - 1, 10**6)  # just under the boundary: 0.5.13 -> 0.5.12.1000000
+        out.append((edges[i - 1] if i else None, b, below))
+    out.append((edges[-1] if edges else None, None, None))
+    return out
+
+
+def range_label(lo: tuple[int, ...] | None, hi: tuple[int, ...] | None) -> str:
+    """'>=0.5.13,<0.5.17', '<0.5.13', '>=0.5.22' or 'any'."""
+    fmt = ".".join
+    parts = ([f">={fmt(map(str, lo))}"] if lo else []) + ([f"<{fmt(map(str, hi))}"] if hi else [])
+    return ",".join(parts) or "any"

@@ -39,7 +39,14 @@ def explain(cmp: Comparison) -> tuple[list[Finding], str]:
     cand_side, ref_side = _side(cmp, "cand"), _side(cmp, "ref")
     slots = sorted((r for r in cmp.results if r.slot is not None), key=lambda r: r.slot or 0)
     expected = [r.expected_stream if r.expected_stream is not None else cmp.stream_of(r.expected) for r in slots]
-    st = story.tell(expected, [actual.get(r.slot or 0) for r in slots], cand_side, ref_side, ev._num_layers())
+    got = [actual.get(r.slot or 0) for r in slots]
+    st = story.tell(expected, got, cand_side, ref_side, ev._num_layers())
+    claimed = cmp.plan.cand.claimed_streams
+    if st is None and slots and all(g is None for g in got) and claimed and len(claimed) == len(slots):
+        st = story.tell(expected, claimed, cand_side, ref_side, ev._num_layers())  # values could not tell
+        if st is not None:
+            st.sentence += f" (from the streams {cand_side} claims in its metadata; the values did not identify them)"
+            st.detail["claimed"] = True
     if st is not None and st.code != "LAYER_MISMATCH":
         findings.insert(0, Finding.make(st.code, st.sentence, tensor=names.AUX, evidence=st.detail))
     for f in findings:
@@ -127,6 +134,8 @@ def _explain(ev: Evidence, r: Result, label: str, base: dict, metrics: dict) -> 
         x = h.test(ev, r)
         if x is not None:
             tried.append(x)
+            if not x.approximate and x.after <= floor:
+                break  # explained down to the noise floor: no other explanation can do better
     held = [x for x in tried if _holds(x, floor)]
     metrics = dict(metrics, tried={x.code: {"before": _g(x.before), "after": _g(x.after)} for x in tried})
     if held:

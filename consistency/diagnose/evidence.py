@@ -43,17 +43,17 @@ class Evidence:
 
     def cand(self, r: Result) -> np.ndarray | None:
         fp = self.cmp.cand_fp.get(self.key(r))
-        return fp.data.get(r.cand.name) if fp is not None else None
+        return fp.rows(r.cand.name) if fp is not None and r.cand.name in fp else None
 
     def ref(self, r: Result, name: str) -> np.ndarray | None:
         fp = self.cmp.ref_fp.get(self.key(r))
         if fp is None:
             return None
-        return fp.data.get(name)
+        return fp.rows(name) if name in fp else None
 
     def ref_names(self, r: Result) -> list[str]:
         fp = self.cmp.ref_fp.get(self.key(r))
-        return list(fp.data) if fp is not None else []
+        return list(fp.names) if fp is not None else []
 
     def view(self, name: str) -> TensorView | None:
         if name in self.cmp.ref.tensors:
@@ -65,6 +65,16 @@ class Evidence:
         if v is None:
             return None
         arr = v.take_rows(np.clip(rows, 0, v.rows - 1), np.float64)
+        arr[~np.isfinite(arr)] = 0.0
+        return arr
+
+    def cand_component(self, r: Result, part: str) -> np.ndarray | None:
+        """Sampled rows of a candidate slot's recorded component (``aux.{i}.{part}``)."""
+        v = self.cmp.cand.tensors.get(f"{r.cand.name}.{part}")
+        idx = self.index(r)
+        if v is None or idx is None or v.rows != r.cand.rows or v.cols != r.cand.cols:
+            return None
+        arr = v.take_rows(idx, np.float64)
         arr[~np.isfinite(arr)] = 0.0
         return arr
 

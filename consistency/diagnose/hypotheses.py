@@ -58,6 +58,9 @@ def residual_missing(ev: Evidence, r: Result) -> Explanation | None:
     before, c = ev.before(r), ev.cand(r)
     if before is None or c is None or r.ref is None:
         return None
+    proof = _from_components(ev, r, c, before)
+    if proof is not None:
+        return proof
     deltas = [n for n in ev.ref_names(r) if names.parse(n).kind in (names.MLP_OUT, names.ATTN_OUT)]
     best: tuple[float, str] | None = None
     for n in deltas:
@@ -89,6 +92,22 @@ def residual_missing(ev: Evidence, r: Result) -> Explanation | None:
                            {"layer": s - 1, "norm_ratio": round(ratio, 4), "toward_previous": round(toward, 4)},
                            approximate=True)
     return None
+
+
+def _from_components(ev: Evidence, r: Result, c: np.ndarray, before: float) -> Explanation | None:
+    """The serving dump recorded the slot's parts: if the slot equals ``hidden_states`` and
+    ``hidden_states + residual`` equals the expected stream, the missing add is proven."""
+    hs = ev.cand_component(r, "hidden_states")
+    res = ev.cand_component(r, "residual")
+    e = ev.expected(r)
+    if hs is None or res is None or e is None:
+        return None
+    if token_distance(c, hs) > 1e-6:
+        return None
+    after = token_distance(hs + res, e)
+    return Explanation("RESIDUAL_MISSING", "is the fused layer's hidden_states alone (its recorded components show "
+                       "hidden_states + residual is the expected stream): residual not added", before, after,
+                       None, {"proof": "components"})
 
 
 def _norm_fit(c: np.ndarray, x: np.ndarray) -> tuple[float, str, bool]:

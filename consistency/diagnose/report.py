@@ -5,7 +5,6 @@ from __future__ import annotations
 from consistency import __version__
 from consistency.compare import metadiff
 from consistency.compare.engine import Comparison
-from consistency.compare.identify import token_distance
 from consistency.contract.findings import (CompareReport, DumpSummary, Finding, Severity, SimilarityMatrix, SlotReport,
                                            verdict_of)
 from consistency.dump import names
@@ -78,11 +77,11 @@ def similarity(cmp: Comparison) -> SimilarityMatrix | None:
     rfp, cfp = cmp.ref_fp.get(key), cmp.cand_fp.get(key)
     if rfp is None or cfp is None:
         return None
-    cols = sorted((n for n in rfp.data if names.parse(n).kind == names.HIDDEN), key=names.sort_key)
+    cols = sorted((n for n in rfp.names if names.parse(n).kind == names.HIDDEN), key=names.sort_key)
     if not cols:
-        cols = sorted(rfp.data, key=names.sort_key)
-    rows = [r.name for r in slots if r.cand.name in cfp.data and (r.cand.rows, r.cand.cols) == key]
-    values = [[float(f"{token_distance(cfp.data[rn], rfp.data[c]):.4g}") for c in cols] for rn in rows]
+        cols = sorted(rfp.names, key=names.sort_key)
+    rows = [r.name for r in slots if r.cand.name in cfp and (r.cand.rows, r.cand.cols) == key]
+    values = [[float(f"{cfp.distance(rn, c, rfp):.4g}") for c in cols] for rn in rows]
     by = {r.name: r for r in slots}
     exp = [_as_col(cmp, by[rn].expected, by[rn].expected_stream, cols) for rn in rows]
     ident = [_as_col(cmp, by[rn].identified, cmp.stream_of(by[rn].identified), cols) for rn in rows]

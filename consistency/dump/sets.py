@@ -1,9 +1,9 @@
-"""Open one side of a comparison.
+"""Open one side of a comparison: a dump, or a training file another tool wrote.
 
-Today: one dump file. Formats other tools write (speculators ``hs_*.safetensors``,
-SpecForge ``.ckpt``) and tensor-parallel rank sets are recognised here, so every command
-that takes a dump takes them too. ``layer_ids``/``convention`` describe inputs whose files
-do not record which streams they hold.
+Formats other tools write (speculators ``hs_*.safetensors``, SpecForge ``.ckpt``/
+``.ckpt.gz``; see :mod:`consistency.dump.formats`) are recognised here, so every command
+that takes a dump takes them too. ``layer_ids``/``convention`` describe inputs whose
+files do not record which streams they hold; a dump records its own and ignores them.
 """
 
 from __future__ import annotations
@@ -16,7 +16,15 @@ from consistency.errors import InputError
 
 
 def open_side(spec: str | Path, layer_ids: Sequence[int] | None = None, convention: str | None = None) -> Dump:
+    """The Dump for ``spec``; foreign training files are mapped onto the dump's names."""
     p = Path(spec)
     if p.is_dir():
-        raise InputError(p, "is a directory, expected a dump file (.safetensors or .npz)")
+        raise InputError(p, "is a directory, expected a dump file (.safetensors or .npz), a speculators "
+                         "hs_*.safetensors or a SpecForge .ckpt/.ckpt.gz")
+    if p.is_file():
+        from consistency.dump.formats import detect
+
+        fmt = detect(p)
+        if fmt is not None:
+            return fmt.open(p, layer_ids, convention)
     return Dump(p)

@@ -102,11 +102,20 @@ class Recorder:
         return self
 
     def __exit__(self, exc_type: object, *exc: object) -> None:
-        global _active
-        with _lock:
-            _active = self._previous
+        self._deactivate()
         if exc_type is None:
             self.save()
+
+    def _deactivate(self) -> None:
+        global _active
+        with _lock:
+            if _active is self:
+                _active = getattr(self, "_previous", None)
+
+    def discard(self) -> None:
+        """Stop recording without writing anything (an aborted run, a benchmark)."""
+        self._deactivate()
+        self.tensors.clear()
 
 
 def _from_env() -> Recorder | None:

@@ -1,0 +1,212 @@
+"""Recorder overhead on a GPU: an 8B-shaped Llama, prefill and decode, recording off / on.
+
+    python bench/bench_record_gpu.py --out results.json          # on a CUDA machine (H200 here)
+    python bench/bench_record_gpu.py --small                     # a quick CPU-free smoke configuration
+
+Modes, interleaved round-robin so clock and thermal drift hit all of them alike:
+  off          no hooks at all (the baseline)
+  inert        hooks that call consistency.record.capture with recording off (a shipped patch)
+  aux3         AsyncRecorder, the 3 aux slots (streams 2, N/2, N-3)
+  all          AsyncRecorder, every stream 0..N
+  naive_aux3   the naive capture: tensor.cpu() inside the hook, 3 slots
+  naive_all    the naive capture, every stream
+Reported: median milliseconds per prefill (batch x tokens) and per decode step, and each
+mode's ratio to ``off``. Random bf16 weights built on the GPU; nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from consistency.record import capture  # noqa: E402
+from consistency.record.async_capture import AsyncRecorder  # noqa: E402
+
+MODES = ("off", "inert", "aux3", "all", "naive_aux3", "naive_all")
+
+
+def build(small: bool):  # noqa: ANN201
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    if small:
+        cfg = LlamaConfig(hidden_size=512, intermediate_size=1408, num_hidden_layers=8, num_attention_heads=8,
+                          num_key_value_heads=2, vocab_size=32000, max_position_embeddings=4096)
+    else:  # Llama-3-8B shapes
+        cfg = LlamaConfig(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+                          num_key_value_heads=8, vocab_size=128256, max_position_embeddings=8192, rope_theta=500000.0)
+    torch.set_default_dtype(torch.bfloat16)
+    with torch.device("cuda"):
+        model = LlamaForCausalLM(cfg)
+    torch.set_default_dtype(torch.float32)
+    return model.eval()
+
+
+class Hooks:
+    """Forward hooks that capture streams the way a runtime patch would."""
+
+    def __init__(self, model, streams: list[int], naive: bool) -> None:  # noqa: ANN001
+        self.handles = []
+        self.sink: list[torch.Tensor] = []
+        layers = model.model.layers
+        n = len(layers)
+        for s in streams:
+            if s == 0:
+                self.handles.append(layers[0].register_forward_pre_hook(self._pre(naive)))
+            else:
+                self.handles.append(layers[s - 1].register_forward_hook(self._post(f"hidden.{s}", naive)))
+        assert all(0 <= s <= n for s in streams)
+
+    def _pre(self, naive: bool):  # noqa: ANN202
+        def hook(_m, args):  # noqa: ANN001, ANN202
+            self._take("hidden.0", args[0], naive)
+        return hook
+
+    def _post(self, name: str, naive: bool):  # noqa: ANN202
+        def hook(_m, _a, out):  # noqa: ANN001, ANN202
+            self._take(name, out[0] if isinstance(out, tuple) else out, naive)
+        return hook
+
+    def _take(self, name: str, t: torch.Tensor, naive: bool) -> None:
+        if naive:
+            self.sink.append(t.cpu())  # blocks until the copy lands
+        else:
+            capture(name, t)
+
+    def remove(self) -> None:
+        for h in self.handles:
+            h.remove()
+
+
+def timed(fn) -> float:  # noqa: ANN001
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t) * 1000
+
+
+def run(args: argparse.Namespace) -> dict:
+    model = build(args.small)
+    n = model.config.num_hidden_layers
+    aux = [2, n // 2, n - 3]
+    every = list(range(n + 1))
+    spec = {"off": None, "inert": (aux, False, False), "aux3": (aux, False, True), "all": (every, False, True),
+            "naive_aux3": (aux, True, False), "naive_all": (every, True, False)}
+    ids = torch.randint(0, model.config.vocab_size, (args.batch, args.tokens), device="cuda")
+    times: dict[str, dict[str, list[float]]] = {m: {"prefill": [], "decode": []} for m in MODES}
+    dropped: dict[str, int] = {}
+
+    def once(mode: str) -> None:
+        s = spec[mode]
+        hooks = Hooks(model, s[0], s[1]) if s else None
+        rec = AsyncRecorder(args.tmp / f"{mode}.safetensors", force=True, max_host_bytes=64 << 30,
+                            ring_bytes=2 << 30).prepare() if s and s[2] else None
+        if rec is not None:
+            rec.__enter__()
+        try:
+            with torch.no_grad():
+                cache = {}
+
+                def prefill() -> None:
+                    out = model(input_ids=ids, use_cache=True)
+                    cache["pkv"] = out.past_key_values
+                    cache["next"] = out.logits[:, -1:].argmax(-1)
+
+                times[mode]["prefill"].append(timed(prefill))
+
+                def decode() -> None:
+                    pkv, nxt = cache["pkv"], cache["next"]
+                    for _ in range(args.decode_steps):
+                        out = model(input_ids=nxt, past_key_values=pkv, use_cache=True)
+                        pkv, nxt = out.past_key_values, out.logits[:, -1:].argmax(-1)
+
+                times[mode]["decode"].append(timed(decode) / args.decode_steps)
+        finally:
+            if rec is not None:
+                rec.wait()
+                dropped[mode] = dropped.get(mode, 0) + sum(rec.dropped.values())
+                rec.discard()  # only the capture path is timed; writing is measured by bench_compare
+            if hooks is not None:
+                hooks.remove()
+                hooks.sink.clear()
+
+    for mode in MODES:  # warm-up: kernels, allocator, pinned pools
+        once(mode)
+    for mode in MODES:
+        times[mode] = {"prefill": [], "decode": []}
+    for _ in range(args.repeat):
+        for mode in MODES:
+            once(mode)
+    verified = verify(model, ids, every, args.tmp)
+    res: dict = {"verified_equal_to_naive_capture": verified, "dropped": dropped, "device": torch.cuda.get_device_name(), "torch": torch.__version__, "batch": args.batch,
+                 "tokens": args.tokens, "decode_steps": args.decode_steps, "repeat": args.repeat,
+                 "layers": n, "hidden": model.config.hidden_size, "modes": {}}
+    base = {k: statistics.median(times["off"][k]) for k in ("prefill", "decode")}
+    for mode in MODES:
+        med = {k: statistics.median(times[mode][k]) for k in ("prefill", "decode")}
+        res["modes"][mode] = {f"{k}_ms": round(v, 3) for k, v in med.items()} | {
+            f"{k}_ratio": round(med[k] / base[k], 4) for k in med}
+    return res
+
+
+def verify(model, ids: torch.Tensor, streams: list[int], tmp: Path) -> dict:  # noqa: ANN001
+    """The async recorder's dump holds exactly what a synchronous .cpu() capture sees:
+    a prefill (large captures) and two decode steps (small, batched captures)."""
+    from consistency.dump.reader import open_dump
+
+    def forward() -> None:
+        with torch.no_grad():
+            out = model(input_ids=ids, use_cache=True)
+            pkv, nxt = out.past_key_values, out.logits[:, -1:].argmax(-1)
+            for _ in range(2):
+                out = model(input_ids=nxt, past_key_values=pkv, use_cache=True)
+                pkv, nxt = out.past_key_values, out.logits[:, -1:].argmax(-1)
+
+    naive = Hooks(model, streams, naive=True)
+    forward()
+    naive.remove()
+    hooks = Hooks(model, streams, naive=False)
+    with AsyncRecorder(tmp / "verify.safetensors", force=True, ring_bytes=2 << 30) as rec:
+        forward()
+    hooks.remove()
+    order = {f"hidden.{s}": i for i, s in enumerate(sorted(streams))}
+
+    def key(n: str) -> tuple[int, int]:
+        base, _, rep = n.partition("#")
+        return (int(rep or 1), order[base])
+
+    with open_dump(rec.written) as d:
+        names = sorted(d.tensors, key=key)
+        same = all(torch.equal(torch.from_numpy(d[n].read_all().view("int16")).view(torch.bfloat16), t)
+                   for n, t in zip(names, naive.sink, strict=True))
+    return {"captures": len(naive.sink), "equal": same, "dropped": sum(rec.dropped.values())}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--tokens", type=int, default=2048)
+    ap.add_argument("--decode-steps", type=int, default=32)
+    ap.add_argument("--repeat", type=int, default=7)
+    ap.add_argument("--small", action="store_true")
+    ap.add_argument("--tmp", type=Path, default=Path("/tmp"))
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args()
+    res = run(args)
+    text = json.dumps(res, indent=1)
+    print(text)
+    if args.out:
+        args.out.write_text(text)
+
+
+if __name__ == "__main__":
+    main()

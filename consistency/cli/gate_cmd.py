@@ -1,0 +1,130 @@
+"""``consistency gate``: run the lints, compares and replays a project declares, for CI."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+
+def _list(v: Any) -> tuple[str, ...]:
+    if v is None:
+        return ()
+    return (v,) if isinstance(v, str) else tuple(str(x) for x in v)
+
+
+def lint_runner(opts: dict[str, Any]) -> Any:
+    from consistency.lint.engine import LintRequest, run_lint
+
+    return run_lint(LintRequest(draft=opts.get("draft"), target=opts.get("target"), serve=opts.get("serve"),
+                                runtime=opts.get("runtime"), trained_with=opts.get("trained_with"),
+                                select=_list(opts.get("select")), ignore=_list(opts.get("ignore")),
+                                fail_on=opts.get("fail_on", "error")))
+
+
+def compare_runner(opts: dict[str, Any]) -> Any:
+    from consistency.cli.compare_cmd import run_compare
+    from consistency.errors import UsageError
+
+    for key in ("reference", "candidate"):
+        if not opts.get(key):
+            raise UsageError(f"[[compare]] needs {key}")
+    tol = opts.get("tolerance")
+    tolerance = tuple(f"{k}={v}" for k, v in tol.items()) if isinstance(tol, dict) else _list(tol)
+    ids = opts.get("layer_ids")
+    return run_compare(opts["reference"], opts["candidate"], opts.get("contract"), opts.get("rtol"), opts.get("atol"),
+                       opts.get("threshold"), tolerance, layer_ids=",".join(map(str, ids)) if isinstance(ids, list)
+                       else ids, convention=opts.get("convention"))
+
+
+def replay_runner() -> tuple[Any, str]:
+    """The replay hook (a later package), or None and why it is unavailable."""
+    try:
+        from consistency.replay.api import replay_check
+    except ImportError as exc:
+        return None, f"replay is not available: consistency.replay.api does not import ({exc})"
+    return (lambda opts: replay_check(**opts)), ""
+
+
+@click.command("gate")
+@click.option("--config", "config_path", default="consistency.toml", show_default=True, help="The gate config (TOML).")
+@click.option("--json", "json_out", metavar="PATH|-", help="Write the JSON report (default: [gate] json).")
+@click.option("--junit", metavar="PATH", help="Write JUnit XML: one test case per rule/tensor (default: [gate] junit).")
+@click.option("--sarif", metavar="PATH", help="Write the lint findings as SARIF 2.1.0 (default: [gate] sarif).")
+@click.option("--summary", metavar="PATH", help="Append a Markdown summary (default: $GITHUB_STEP_SUMMARY when set).")
+@click.option("--annotations/--no-annotations", default=None,
+              help="Print GitHub Actions annotations (default: on when GITHUB_ACTIONS=true).")
+@click.option("--only", multiple=True, metavar="NAME", help="Run only these checks (name or kind/name); repeatable.")
+@click.option("--kind", "kinds", multiple=True, type=click.Choice(["lint", "compare", "replay"]),
+              help="Run only checks of this kind (e.g. lint in a pre-commit hook); repeatable.")
+@click.option("--force", is_flag=True, help="Overwrite existing --json/--junit/--sarif files.")
+def gate(config_path: str, json_out: str | None, junit: str | None, sarif: str | None, summary: str | None,
+         annotations: bool | None, only: tuple[str, ...], kinds: tuple[str, ...], force: bool) -> None:
+    """Run every [[lint]], [[compare]] and [[replay]] check of a consistency.toml.
+
+    Exit code 0 when every check passes, 1 when one fails, 2 when one cannot read its
+    input (the others still run and are reported). Configuration and a GitHub Actions
+    workflow: docs/ci.md.
+    """
+    from consistency.dump.atomic import check_writable, write_text_atomic
+    from consistency.gate.config import load
+    from consistency.gate.runner import Runners, run_gate
+    from consistency.report.ci_formats import github_annotations, junit_xml, markdown_summary
+
+    cfg = load(config_path)
+    if kinds:
+        cfg.checks = [c for c in cfg.checks if c.kind in kinds]
+    st = cfg.settings
+    force = force or bool(st.get("force"))
+    json_out, junit, sarif = json_out or st.get("json"), junit or st.get("junit"), sarif or st.get("sarif")
+    for out in (json_out, junit, sarif):
+        if out and out != "-":
+            check_writable(out, force)
+    if st.get("fail_on"):
+        for c in cfg.checks:
+            if c.kind == "lint":
+                c.options.setdefault("fail_on", st["fail_on"])
+    replay, why = replay_runner()
+    rep = run_gate(cfg, Runners(lint_runner, compare_runner, replay, why), only)
+    data = rep.model_dump(mode="json")
+    if json_out == "-":
+        sys.stdout.write(json.dumps(data, indent=2) + "\n")
+    elif json_out:
+        write_text_atomic(json_out, json.dumps(data, indent=2) + "\n", force=force)
+    if junit:
+        write_text_atomic(junit, junit_xml(data), force=force)
+    if sarif:
+        write_text_atomic(sarif, json.dumps(_sarif(data), indent=2) + "\n", force=force)
+    if annotations is None:
+        annotations = bool(st.get("annotations", os.environ.get("GITHUB_ACTIONS") == "true"))
+    out = sys.stderr if json_out == "-" else sys.stdout
+    if annotations:
+        for line in github_annotations(data, Path.cwd()):
+            click.echo(line, file=out)
+    summary = summary or st.get("summary") or os.environ.get("GITHUB_STEP_SUMMARY")
+    if summary:
+        with open(summary, "a", encoding="utf-8") as fh:  # the step summary is appended to by design
+            fh.write(markdown_summary(data))
+    for chk in rep.checks:
+        click.echo(f"{chk.verdict.upper():5s} {chk.kind}/{chk.name}: {chk.summary}", file=out)
+    click.echo(f"{rep.verdict.upper()}  {rep.summary}", file=out)
+    sys.exit(rep.exit_code)
+
+
+def _sarif(data: dict[str, Any]) -> dict[str, Any]:
+    """One SARIF log, one run per lint check."""
+    from consistency.report.sarif import lint_sarif
+
+    runs = []
+    for chk in data["checks"]:
+        if chk["kind"] == "lint" and chk.get("report"):
+            run = lint_sarif(chk["report"], Path.cwd())["runs"][0]
+            run["automationDetails"] = {"id": f"consistency/lint/{chk['name']}"}
+            runs.append(run)
+    log = lint_sarif({}, Path.cwd())
+    log["runs"] = runs
+    return log

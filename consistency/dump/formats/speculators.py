@@ -1,0 +1,142 @@
+"""speculators offline training data: ``hs_{i}.safetensors``.
+
+Written by vLLM's ``ExampleHiddenStatesConnector`` during ``speculators
+generate_offline_data`` (vllm ``distributed/kv_transfer/kv_connector/v1/
+example_hidden_states_connector.py``: ``save_file({"hidden_states": ..., "token_ids":
+...}, filename)``), or by hs_connectors' ``FP8HiddenStatesConnector`` (same keys,
+``float8_e4m3fn`` values plus ``hidden_states_scales`` [T, 1, 1]).
+
+``hidden_states`` is ``[T, n, H]``: ``torch.stack(aux_hidden_states, dim=1)`` of the
+target's aux states, in vLLM's capture order (ascending stream; ``EagleModelMixin``
+sorts the ids). speculators' trainer (``speculators/train/data.py``) feeds the draft the
+first n-1 slots (``hidden_states[:, :-1].flatten(1)``) and uses the last one as the
+verifier's last hidden state (``scripts/launch_vllm.py`` appends id N, pre-norm). We map
+them the same way: ``aux.0 .. aux.{n-2}``, and the last slot as ``hidden.{s}`` when the
+ids say which stream it is, else ``verifier_last_hidden_states``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from consistency.contract.models import DumpMetadata, ModelInfo, RuntimeInfo
+from consistency.dump import dtypes, names, safetensors_io
+from consistency.dump.formats.base import (
+    Claims,
+    ForeignDump,
+    ScaledView,
+    aux_info,
+    rename,
+    resolve_claims,
+    split_slots,
+    tensor_meta,
+)
+from consistency.dump.reader import META_KEY, TensorView
+from consistency.errors import InputError
+
+NAME = "speculators"
+KEYS = frozenset({"hidden_states", "token_ids"})
+SCALES = "hidden_states_scales"
+LAST = "verifier_last_hidden_states"  # speculators' own name for the split-off last slot
+
+
+def sniff(path: Path, head: bytes) -> bool:
+    """A safetensors file holding exactly speculators' keys and no dump metadata."""
+    if head[:2] == b"PK" or len(head) < 8:
+        return False
+    try:
+        hdr = safetensors_io.read_header(path)
+    except InputError:
+        return False
+    keys = set(hdr.entries)
+    return META_KEY not in hdr.metadata and (keys == KEYS or keys == KEYS | {SCALES})
+
+
+def open_file(path: Path, layer_ids: Sequence[int] | None = None, convention: str | None = None) -> ForeignDump:
+    fd = safetensors_io.open_regular(path)
+    try:
+        return _build(path, fd, layer_ids, convention)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _build(path: Path, fd: int, layer_ids: Sequence[int] | None, convention: str | None) -> ForeignDump:
+    hdr = safetensors_io.parse_header(path, fd)
+    missing = KEYS - set(hdr.entries)
+    if missing:
+        raise InputError(path, f"not a speculators hidden-state file: no {', '.join(sorted(missing))} tensor")
+    hs, tok = hdr.entries["hidden_states"], hdr.entries["token_ids"]
+    if len(hs.shape) != 3:
+        raise InputError(path, f"hidden_states has shape {list(hs.shape)}; speculators writes [tokens, layers, hidden]")
+    t, n, h = hs.shape
+    if not hs.dtype.startswith(("float", "bfloat")):
+        raise InputError(path, f"hidden_states is {hs.dtype}; expected a float dtype")
+    if len(tok.shape) != 1 or not tok.dtype.startswith(("int", "uint")):
+        raise InputError(path, f"token_ids is {tok.dtype}{list(tok.shape)}; expected a 1-D integer tensor")
+    if tok.shape[0] != t:
+        raise InputError(path, f"token_ids has {tok.shape[0]} tokens but hidden_states has {t}")
+    if n < 1 or h < 1:
+        raise InputError(path, f"hidden_states has shape {list(hs.shape)}: no slots to read")
+    storage = np.dtype(dtypes.BY_NAME[hs.dtype].storage)
+    flat = TensorView("hidden_states", hs.dtype, (t, n * h), storage, fd, hs.begin, path)
+    notes: list[str] = []
+    if SCALES in hdr.entries:
+        flat = ScaledView.wrap(flat, _scales(path, fd, hdr.entries[SCALES], t))
+        notes.append("FP8 hidden states (hs_connectors FP8HiddenStatesConnector): values are dequantized with "
+                     "their per-token scale and carry FP8 rounding (~6%)")
+    slots = split_slots(flat, n, "slot")
+    claims = _claims(path, layer_ids, convention, n)
+    notes += claims.notes
+    tensors: dict[str, TensorView] = {}
+    metas = {}
+    ids_view = TensorView(names.INPUT_IDS, tok.dtype, tok.shape, np.dtype(dtypes.BY_NAME[tok.dtype].storage), fd,
+                          tok.begin, path)
+    tensors[names.INPUT_IDS] = ids_view
+    metas[names.INPUT_IDS] = tensor_meta(ids_view, "speculators token_ids")
+    for i, v in enumerate(slots[:-1]):
+        tensors[names.aux(i)] = rename(v, names.aux(i))
+        metas[names.aux(i)] = tensor_meta(tensors[names.aux(i)], f"speculators hidden_states[:, {i}]")
+    last_stream = claims.streams[-1] if claims.streams is not None and len(claims.streams) == n else None
+    last_name = names.hidden(last_stream) if last_stream is not None else LAST
+    tensors[last_name] = rename(slots[-1], last_name)
+    metas[last_name] = tensor_meta(tensors[last_name], f"speculators hidden_states[:, {n - 1}] "
+                                   "(the trainer's verifier_last_hidden_states)")
+    if n == 1:
+        notes.append("only one slot: speculators' trainer would feed the draft nothing (it keeps the last slot as "
+                     "the verifier's last hidden state)")
+    if last_stream is None and claims.streams is not None:
+        notes.append(f"the last slot is the verifier's last hidden state (launch_vllm.py appends N); pass its id "
+                     f"too (--layer-ids {','.join(map(str, claims.native or []))},N) to name it hidden.N")
+    meta = DumpMetadata(side="training", runtime=RuntimeInfo(name=NAME), model=ModelInfo(hidden_size=h, dtype=hs.dtype),
+                        aux=aux_info(claims, n - 1), tensors=metas, extra={"notes": notes} if notes else {})
+    return ForeignDump(path, NAME, tensors, meta, fds=[fd])
+
+
+def _claims(path: Path, layer_ids: Sequence[int] | None, convention: str | None, n: int) -> Claims:
+    """Ids for all n slots, or for the n-1 aux slots (the trainer's --target-layer-ids)."""
+    claims = resolve_claims(path, layer_ids, convention, NAME, sorted_slots=True)
+    if claims.streams is None:
+        return claims
+    k = len(claims.streams)
+    if k not in (n, n - 1) or k == 0:
+        raise InputError(path, f"--layer-ids gives {k} ids but the file has {n} slots "
+                         f"({n - 1} aux slots and the verifier's last hidden state)")
+    return claims
+
+
+def _scales(path: Path, fd: int, e: safetensors_io.Entry, t: int) -> np.ndarray:
+    if e.dtype not in ("float32", "float16", "bfloat16", "float64") or len(e.shape) < 1 or e.shape[0] != t \
+            or int(np.prod(e.shape)) != t:
+        raise InputError(path, f"{SCALES} is {e.dtype}{list(e.shape)}; expected one float scale per token [{t}, 1, 1]")
+    raw = np.frombuffer(os.pread(fd, e.nbytes, e.begin), dtype=np.dtype(dtypes.BY_NAME[e.dtype].storage))
+    if raw.nbytes != e.nbytes:
+        raise InputError(path, f"truncated while reading {SCALES}")
+    scale = dtypes.to_float(raw.copy(), e.dtype, np.float64)
+    if not np.isfinite(scale).all():
+        raise InputError(path, f"{SCALES} holds non-finite values")
+    return scale

@@ -1,0 +1,239 @@
+"""Run the lint: read the inputs, work out both sides' streams, evaluate the rules.
+
+The one entry point, :func:`run_lint`, is shared by ``consistency lint`` and the gate. It
+never loads weights: checkpoints are known from their safetensors headers, and only the
+small ``d2t``/``t2d`` tensors are read.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from consistency import __version__
+from consistency.contract import conventions as cv
+from consistency.contract.findings import Severity
+from consistency.errors import UsageError
+from consistency.lint import report as R
+from consistency.lint.configs import TargetInfo, read_target, target_from_config
+from consistency.lint.context import Context, NotEvaluated
+from consistency.lint.draft import read_draft
+from consistency.lint.plan import alternatives, arch_key, serving_plan
+from consistency.lint.rules import Rule, select
+from consistency.lint.serve import parse_serve
+from consistency.lint.trained import from_draft, parse_trained_with
+
+RUNTIMES = ("sglang", "vllm")
+_CONFIG_RULES = ("IDS", "SHP", "VOC", "NRM")  # findings located in the draft config by default
+
+
+@dataclass
+class LintRequest:
+    draft: str | None = None
+    target: str | None = None
+    serve: str | None = None
+    runtime: str | None = None
+    trained_with: str | None = None
+    select: tuple[str, ...] = ()
+    ignore: tuple[str, ...] = ()
+    fail_on: str = "error"  # or "warning"
+
+
+@dataclass
+class _Built:
+    ctx: Context
+    assumptions: list[str] = field(default_factory=list)
+
+
+def parse_runtime(spec: str) -> tuple[str, tuple[int, ...] | None, str | None]:
+    name, _, ver = spec.strip().partition("@")
+    name = name.strip().lower()
+    if name not in RUNTIMES:
+        raise UsageError(f"--runtime {spec!r}: expected sglang@VERSION or vllm@VERSION")
+    try:
+        return name, (cv.parse_version(ver) if ver else None), (ver or None)
+    except ValueError as exc:
+        raise UsageError(f"--runtime {spec!r}: {exc}") from None
+
+
+def build(req: LintRequest) -> _Built:
+    if not any((req.draft, req.target, req.serve, req.runtime, req.trained_with)):
+        raise UsageError("nothing to lint: give --draft, --target, --serve, --runtime or --trained-with")
+    ctx = Context()
+    notes: list[str] = []
+    ctx.serve = parse_serve(req.serve) if req.serve else None
+    if req.runtime:
+        ctx.runtime, ctx.version, _ = parse_runtime(req.runtime)
+        if ctx.serve and ctx.serve.runtime != ctx.runtime:
+            raise UsageError(f"--runtime {req.runtime} but --serve starts {ctx.serve.runtime}")
+    elif ctx.serve:
+        ctx.runtime = ctx.serve.runtime
+    if req.draft:
+        ctx.draft = read_draft(Path(req.draft))
+    elif ctx.serve and ctx.serve.draft_model and Path(ctx.serve.draft_model).is_dir():
+        ctx.draft = read_draft(Path(ctx.serve.draft_model))
+        notes.append(f"draft read from the command line's draft path {ctx.serve.draft_model}")
+    ctx.target = _target(req, ctx, notes)
+    ctx.n = ctx.target.num_layers if ctx.target else None
+    if req.trained_with:
+        ctx.training = parse_trained_with(req.trained_with, ctx.n)
+        m = ctx.training.model
+        if m is not None:
+            if ctx.target is None:
+                ctx.target = TargetInfo(None, m.architecture, [m.architecture] if m.architecture else [], None,
+                                        m.num_layers, m.hidden_size, m.vocab_size, m.dtype, None, ctx.training.source)
+                ctx.n = m.num_layers
+                if ctx.training.streams is None and ctx.n is not None:
+                    ctx.training = parse_trained_with(req.trained_with, ctx.n)
+            elif m.num_layers and ctx.n and m.num_layers != ctx.n:
+                notes.append(f"the training side records {m.num_layers} layers but the target config has {ctx.n}")
+    elif ctx.draft is not None:
+        ctx.training = from_draft(ctx.draft, ctx.n)
+    if ctx.target is not None:
+        ctx.arch = arch_key(ctx.target.keys)
+    if ctx.runtime:
+        moe = ctx.target.is_moe if ctx.target else None
+        ctx.plan = serving_plan(ctx.runtime, ctx.version, ctx.draft, ctx.n, ctx.arch, moe, ctx.serve)
+        if ctx.version is None:
+            ctx.plan.label = f"{ctx.runtime} (version not pinned)"
+        if ctx.plan.runner:
+            notes.append(f"vLLM {ctx.plan.runner.upper()} model runner: {ctx.plan.runner_why}")
+        notes.extend(ctx.plan.assumptions)
+        ctx.alternatives = alternatives(ctx.runtime, ctx.draft, ctx.n, ctx.arch, moe, ctx.serve, ctx.version)
+    if ctx.training is not None and not ctx.training.explicit:
+        notes.append(f"training streams {ctx.training.source}")
+    return _Built(ctx, notes)
+
+
+def _target(req: LintRequest, ctx: Context, notes: list[str]) -> TargetInfo | None:
+    if req.target:
+        return read_target(Path(req.target))
+    for label, p in (("the command line's model path", ctx.serve.target_model if ctx.serve else None),
+                     ("the speculators verifier", ctx.draft.verifier if ctx.draft else None)):
+        if p and (Path(p) / "config.json").is_file():
+            notes.append(f"target config read from {label} {p}")
+            return read_target(Path(p))
+    d = ctx.draft
+    if d is not None and d.format == "speculators" and isinstance(d.config.get("transformer_layer_config"), dict):
+        tlc = d.config["transformer_layer_config"]
+        t = target_from_config({"vocab_size": tlc.get("vocab_size"), "architectures": d.verifier_architectures},
+                               None, "the speculators config (verifier architecture, target vocab)")
+        t.is_moe = None  # the speculators config does not say
+        if t.vocab_size or t.architecture:
+            notes.append("target known only from the speculators config (architecture, vocabulary); pass --target "
+                         "for its layer count and hidden size")
+            return t
+    return None
+
+
+def _evaluate(rule: Rule, ctx: Context) -> tuple[list[R.LintFinding], str]:
+    try:
+        hits = list(rule.check(ctx))
+    except NotEvaluated as exc:
+        f = R.LintFinding(code=rule.code, name=rule.name, severity=Severity.info, message=f"not evaluated: {exc}",
+                          source=rule.source, fix=None, doc=rule.doc)
+        return [f], "not_evaluated"
+    out = []
+    for h in hits:
+        sev = h.severity or rule.severity
+        loc = _location(rule, h, ctx)
+        out.append(R.LintFinding(code=rule.code, name=rule.name, severity=sev, message=h.message, source=rule.source,
+                                 fix=h.fix or rule.fix, doc=rule.doc, location=loc, evidence=h.evidence))
+    sevs = {f.severity for f in out}
+    status = "fail" if Severity.error in sevs else ("warn" if Severity.warning in sevs else "pass")
+    return out, status
+
+
+def _location(rule: Rule, h: object, ctx: Context) -> R.Location | None:
+    file, key = getattr(h, "file", None), getattr(h, "key", None)
+    d = ctx.draft
+    if file is None and d is not None and (key or rule.code.startswith(_CONFIG_RULES)):
+        file = d.config_path or d.path
+    if file is None:
+        return None
+    line = locate(Path(file), key) if key and Path(file).suffix == ".json" else None
+    return R.Location(file=str(file), key=key, line=line)
+
+
+def locate(path: Path, key: str) -> int | None:
+    """1-based line of a dotted key in a JSON file (parents first), for SARIF/annotations."""
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+    pos = 0
+    for part in key.split("."):
+        i = text.find(f'"{part}"', pos)
+        if i < 0:
+            return None
+        pos = i + 1
+    return text.count("\n", 0, pos) + 1
+
+
+def run_lint(req: LintRequest) -> R.LintReport:
+    t0 = time.perf_counter()
+    b = build(req)
+    ctx = b.ctx
+    findings: list[R.LintFinding] = []
+    results: list[R.RuleResult] = []
+    for rule in select(req.select, req.ignore):
+        fs, status = _evaluate(rule, ctx)
+        findings += fs
+        results.append(R.RuleResult(code=rule.code, name=rule.name, title=rule.title, severity=rule.severity,
+                                    status=status, source=rule.source, fix=rule.fix, doc=rule.doc))
+    rank = {Severity.error: 0, Severity.warning: 1, Severity.info: 2}
+    findings.sort(key=lambda f: (rank[f.severity], f.code))
+    counts = {s.value: sum(f.severity == s for f in findings) for s in Severity}
+    failing = {Severity.error} | ({Severity.warning} if req.fail_on == "warning" else set())
+    verdict = "fail" if any(f.severity in failing for f in findings) else "pass"
+    tr = ctx.training.streams if ctx.training else None
+    sv = ctx.plan.streams if ctx.plan else None
+    rep = R.LintReport(
+        version=__version__, verdict=verdict, summary=_summary(verdict, counts, tr, sv, ctx), inputs=R.Inputs(
+            draft=req.draft or (str(ctx.draft.path) if ctx.draft else None),
+            draft_format=ctx.draft.format if ctx.draft else None, target=req.target, serve=req.serve,
+            runtime=req.runtime, trained_with=req.trained_with),
+        training_streams=list(tr) if tr is not None else None,
+        training_source=ctx.training.source if ctx.training else None,
+        serving_streams=list(sv) if sv is not None else None, serving=_serving(ctx), slots=_slots(ctx),
+        findings=findings, rules=results, counts=counts, assumptions=b.assumptions)
+    rep.seconds = time.perf_counter() - t0
+    return rep
+
+
+def _summary(verdict: str, counts: dict[str, int], tr: list[int] | None, sv: list[int] | None, ctx: Context) -> str:
+    parts = [f"{counts['error']} error{'s' * (counts['error'] != 1)}, {counts['warning']} "
+             f"warning{'s' * (counts['warning'] != 1)}"]
+    if sv is not None:
+        parts.append(f"{ctx.runtime_label} feeds streams {sv}")
+    if tr is not None:
+        explicit = ctx.training is not None and ctx.training.explicit
+        parts.append(f"training used {tr}" if explicit else f"the draft config implies {tr}")
+    return "; ".join(parts)
+
+
+def _serving(ctx: Context) -> R.ServingSide | None:
+    p = ctx.plan
+    if p is None:
+        return None
+    return R.ServingSide(runtime=p.runtime, version=".".join(map(str, p.version)) if p.version else None,
+                         label=p.label, runner=f"{p.runner}: {p.runner_why}" if p.runner else None, key=p.key,
+                         ids=p.native_ids, default_used=p.default_used, ignored=p.ignored, convention=p.convention.code,
+                         meaning=p.convention.meaning, source=p.source)
+
+
+def _slots(ctx: Context) -> list[R.SlotRow]:
+    tr = ctx.training.streams if ctx.training and ctx.training.streams is not None else []
+    p = ctx.plan
+    sv = p.streams if p and p.streams is not None else []
+    rows = []
+    for i in range(max(len(tr), len(sv))):
+        t = tr[i] if i < len(tr) else None
+        s = sv[i] if i < len(sv) else None
+        rows.append(R.SlotRow(slot=i, training_stream=t, serving_stream=s,
+                              serving_id=p.slot_ids[i] if p and i < len(p.slot_ids) else None,
+                              training_meaning=cv.describe_streams([t], ctx.n)[0] if t is not None else None,
+                              serving_meaning=cv.describe_streams([s], ctx.n)[0] if s is not None else None,
+                              match=(t == s) if tr and sv else None))
+    return rows

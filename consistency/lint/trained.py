@@ -1,0 +1,97 @@
+"""What the draft was trained on: ``--trained-with`` (a dump, a contract, or
+``FRAMEWORK:IDS``), else the draft config read with its training framework's convention.
+
+Everything ends as stream indices, slot by slot, the one unit every rule compares in.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from consistency.contract import conventions
+from consistency.contract.models import ModelInfo
+from consistency.errors import InputError, UsageError
+from consistency.lint.draft import DraftInfo
+
+_FRAMEWORK = re.compile(r"^(?P<name>[A-Za-z][\w.-]*(?:@[\w.+-]+)?):(?P<ids>.*)$")
+DRAFT_FRAMEWORK = {"speculators": "speculators", "sglang": "specforge", "modelopt": "modelopt"}
+_ID_KEY = {"speculators": conventions.TOP_IDS, "specforge": conventions.NESTED_IDS, "modelopt": conventions.NESTED_IDS}
+
+
+@dataclass
+class TrainingInfo:
+    streams: list[int] | None  # None: the ids are a default that needs N, and N is unknown
+    source: str  # a sentence: where these streams come from
+    explicit: bool  # given by the user (--trained-with) rather than assumed from the draft config
+    convention: str | None = None
+    native_ids: list[int] | None = None
+    model: ModelInfo | None = None  # what a dump or a contract says about the target
+
+
+def parse_ids(text: str) -> list[int] | None:
+    t = text.strip()
+    if t.lower() in ("", "default", "none"):
+        return None
+    try:
+        return [int(x) for x in t.strip("[]").replace(" ", "").split(",") if x != ""]
+    except ValueError:
+        raise UsageError(f"--trained-with: cannot parse ids {text!r}: expected comma-separated integers") from None
+
+
+def parse_trained_with(spec: str, num_layers: int | None) -> TrainingInfo:
+    """A file (dump: .safetensors/.npz; contract: .json/.yaml) or FRAMEWORK[@VER]:IDS."""
+    p = Path(spec)
+    if p.exists():
+        return _from_file(p)
+    m = _FRAMEWORK.match(spec.strip())
+    if not m:
+        raise InputError(spec, "--trained-with: no such file, and not FRAMEWORK:IDS (e.g. specforge:1,29,57)")
+    name, ids = m.group("name"), parse_ids(m.group("ids"))
+    try:
+        res = conventions.resolve(name)
+    except (KeyError, ValueError) as exc:
+        raise UsageError(f"--trained-with: {str(exc).strip(chr(39))}") from None
+    streams = _streams(res.convention, ids, num_layers)
+    return TrainingInfo(streams, f"--trained-with {spec} ({res.convention.meaning})", True, name, ids)
+
+
+def _streams(conv: conventions.Convention, ids: list[int] | None, n: int | None) -> list[int] | None:
+    if ids is None and n is None:
+        return None
+    return conv.to_streams(ids, n)
+
+
+def _from_file(p: Path) -> TrainingInfo:
+    if p.suffix in (".safetensors", ".npz"):
+        from consistency.dump.sets import open_side
+
+        with open_side(p) as d:
+            meta = d.metadata
+        if meta is None or meta.aux is None or not meta.aux.stream_ids:
+            raise InputError(p, "the dump records no aux stream ids (metadata aux.stream_ids); "
+                                "pass --trained-with FRAMEWORK:IDS instead")
+        return TrainingInfo(list(meta.aux.stream_ids), f"training dump {p.name} (metadata aux.stream_ids)", True,
+                            meta.aux.convention, meta.aux.native_ids, meta.model)
+    from consistency.contract.io import read_contract
+
+    c = read_contract(p)
+    native = c.native
+    return TrainingInfo(c.stream_ids, f"contract {p.name}", True, native.convention if native else None,
+                        native.ids if native else None, c.target)
+
+
+def from_draft(draft: DraftInfo, num_layers: int | None) -> TrainingInfo | None:
+    """The draft config's own ids, read with the convention of the framework that writes
+    that format (speculators: stream ids; SpecForge/ModelOpt: layer outputs, +1)."""
+    framework = DRAFT_FRAMEWORK.get(draft.format)
+    if framework is None or not draft.config:
+        return None
+    key = _ID_KEY[framework]
+    ids = draft.ids(key)
+    conv = conventions.resolve(framework).convention
+    streams = _streams(conv, ids, num_layers)
+    what = f"{key} = {ids}" if ids is not None else f"no {key}, so {framework}'s default"
+    return TrainingInfo(streams, f"assumed from the draft config ({what}, read as {framework} writes it: "
+                        f"{conv.meaning}); pass --trained-with to state what training used", False, framework, ids)

@@ -1,0 +1,235 @@
+"""A recorder cheap enough to leave on in a GPU server.
+
+The naive capture, ``tensor.cpu()`` inside a hook, blocks the compute stream until the
+copy lands. Here a capture (1) keeps only the requested token rows, on the device,
+(2) snapshots them with one device-to-device copy on the compute stream (the runtime may
+overwrite its buffers in place, e.g. a fused add+norm on ``residual``), (3) copies the
+snapshot to a pinned host buffer on a side stream, and (4) hands it to a writer thread
+that waits for the copy, not the model. Host memory is bounded: past ``max_host_bytes``
+captures are dropped, counted per name, and the count is written into the dump's metadata
+(a server must never stall or run out of memory because of its recorder). When recording is off, :func:`consistency.record.capture` returns
+before any of this runs.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from consistency.contract.models import DumpMetadata
+from consistency.record.recorder import Recorder
+
+
+class AsyncRecorder(Recorder):
+    """Drop-in :class:`Recorder` whose captures leave the device asynchronously."""
+
+    def __init__(self, path: str | Path, metadata: DumpMetadata | None = None, force: bool = False,
+                 rank0_only: bool = False, tokens: Sequence[int] | slice | None = None, last_tokens: int | None = None,
+                 max_host_bytes: int = 8 << 30, snapshot: bool = True, ring_bytes: int = 256 << 20,
+                 small_bytes: int = 1 << 20, staging_bytes: int = 16 << 20) -> None:
+        super().__init__(path, metadata, force, rank0_only)
+        self.tokens = tokens
+        self.last_tokens = last_tokens
+        self.max_host_bytes = max_host_bytes
+        self.snapshot = snapshot
+        self.dropped: dict[str, int] = {}
+        self.host_bytes = 0
+        self.ring_bytes = min(ring_bytes, max_host_bytes)
+        self._ring: Any = None
+        self._layouts: dict[str, tuple] = {}
+        self.small_bytes = small_bytes
+        self.staging_bytes = max(staging_bytes, small_bytes)
+        self._staging: Any = None
+        self._staged: list[tuple] = []
+        self._staged_at = 0
+        self._staged_done: list[Any] = [None, None]
+        self._cur = 0
+        self._lock = threading.Lock()
+        self._queue: queue.Queue[tuple[str, Any, Any, Any] | None] = queue.Queue()
+        self._stream: Any = None
+        self._thread = threading.Thread(target=self._drain, name="consistency-writer", daemon=True)
+        self._thread.start()
+
+    # -- capture (compute thread) -------------------------------------------------------------
+    def _select(self, t: Any) -> Any:
+        """Keep the requested token rows (dim -2 of [.., T, H]); positions go to metadata."""
+        if t.dim() < 2 or (self.tokens is None and self.last_tokens is None):
+            return t
+        if self.last_tokens is not None:
+            return t[..., -self.last_tokens:, :]
+        if isinstance(self.tokens, slice):
+            return t[..., self.tokens, :]
+        import torch
+
+        idx = torch.as_tensor(list(self.tokens), device=t.device, dtype=torch.long)  # type: ignore[arg-type]
+        return t.index_select(-2, idx)
+
+    def capture(self, name: str, tensor: Any, producer: str | None = None, **meta: Any) -> None:
+        if not self.enabled:
+            return
+        if not hasattr(tensor, "is_cuda") or not tensor.is_cuda:
+            sel = self._select(tensor) if hasattr(tensor, "dim") else tensor
+            if self._reserve(name, sel.numel() * sel.element_size() if hasattr(sel, "numel") else sel.nbytes):
+                super().capture(name, sel, producer, **meta)
+            return
+        import torch
+
+        n = self.counts.get(name, 0) + 1
+        self.counts[name] = n
+        key = name if n == 1 else f"{name}#{n}"
+        sel = self._select(tensor)
+        nbytes = sel.numel() * sel.element_size()
+        if not self._reserve(name, nbytes):
+            return
+        if self._ring is None:
+            self.prepare(sel.device)
+        # layout facts are cheap tuples here; the metadata model is built off the hot path
+        self._layouts[key] = (tensor.dtype, tuple(tensor.shape), tuple(tensor.stride()), tensor.is_contiguous(),
+                              str(tensor.device), producer, meta)
+        if nbytes <= self.small_bytes:
+            self._stage(key, sel, nbytes)
+            return
+        host = self._ring.take(nbytes, sel.dtype, tuple(sel.shape))
+        if host is None:  # ring full: never stall the server
+            with self._lock:
+                self.host_bytes -= nbytes
+                self.dropped[name] = self.dropped.get(name, 0) + 1
+            self._layouts.pop(key, None)
+            return
+        src = sel.clone() if (self.snapshot or not sel.is_contiguous()) else sel
+        stream = self._stream
+        stream.wait_stream(torch.cuda.current_stream(src.device))
+        with torch.cuda.stream(stream):
+            host.copy_(src, non_blocking=True)
+            done = torch.cuda.Event()
+            done.record(stream)
+        src.record_stream(stream)  # the allocator keeps src alive until the copy is done
+        self._queue.put((key, host, done, None))
+
+    def prepare(self, device: Any = "cuda") -> AsyncRecorder:
+        """Allocate the pinned ring, the side stream and the staging buffers now (at server
+        start), so the first capture pays nothing."""
+        import torch
+
+        from consistency.record.pinned import PinnedRing
+
+        if self._ring is None:
+            self._ring = PinnedRing(self.ring_bytes)
+            self._stream = torch.cuda.Stream(device=device)
+            self._staging = [torch.empty(self.staging_bytes, dtype=torch.uint8, device=device) for _ in range(2)]
+        return self
+
+    # -- small captures: batched on the device ------------------------------------------------------
+    def _stage(self, key: str, sel: Any, nbytes: int) -> None:
+        """Decode-sized captures are one device-to-device copy each into a staging buffer
+        (a snapshot, in stream order); a full buffer goes to the host in one transfer.
+        Two buffers alternate; the compute stream waits on the GPU (never the CPU) before
+        reusing one whose transfer may still be running."""
+        import torch
+
+        if self._staging is None:
+            self._staging = [torch.empty(self.staging_bytes, dtype=torch.uint8, device=sel.device) for _ in range(2)]
+        need = (nbytes + 255) // 256 * 256
+        if self._staged_at + need > self.staging_bytes:
+            self._flush()
+        buf = self._staging[self._cur]
+        buf[self._staged_at:self._staged_at + nbytes].view(sel.dtype).view(sel.shape).copy_(sel)
+        self._staged.append((key, self._staged_at, nbytes, sel.dtype, tuple(sel.shape)))
+        self._staged_at += need
+
+    def _flush(self) -> None:
+        import torch
+
+        if not self._staged:
+            return
+        used, batch, buf = self._staged_at, self._staged, self._staging[self._cur]
+        self._staged, self._staged_at = [], 0
+        host = self._ring.take(used, torch.uint8, (used,)) if self._ring is not None else None
+        if host is None:
+            with self._lock:
+                for key, _at, nbytes, _dt, _shape in batch:
+                    name = key.split("#")[0]
+                    self.dropped[name] = self.dropped.get(name, 0) + 1
+                    self.host_bytes -= nbytes
+                    self._layouts.pop(key, None)
+            return
+        stream = self._stream
+        stream.wait_stream(torch.cuda.current_stream(buf.device))
+        with torch.cuda.stream(stream):
+            host.copy_(buf[:used], non_blocking=True)
+            done = torch.cuda.Event()
+            done.record(stream)
+        self._staged_done[self._cur] = done
+        self._cur ^= 1
+        nxt = self._staged_done[self._cur]
+        if nxt is not None:
+            torch.cuda.current_stream(buf.device).wait_event(nxt)  # GPU-side wait before reuse
+        self._queue.put(("", host, done, batch))
+
+    def _reserve(self, name: str, nbytes: int) -> bool:
+        with self._lock:
+            if self.host_bytes + nbytes > self.max_host_bytes:
+                self.dropped[name] = self.dropped.get(name, 0) + 1
+                return False
+            self.host_bytes += nbytes
+            return True
+
+    # -- writer thread --------------------------------------------------------------------------
+    def _drain(self) -> None:
+        from consistency.record.tensors import to_numpy
+
+        while True:
+            item = self._queue.get()
+            if item is None:
+                self._queue.task_done()
+                return
+            key, host, done, batch = item
+            done.synchronize()  # waits for this copy only; the compute stream runs on
+            if batch is None:
+                self.tensors[key] = to_numpy(host)  # a plain host copy; the ring span is given back
+            else:
+                for k, at, nbytes, dt, shape in batch:
+                    self.tensors[k] = to_numpy(host[at:at + nbytes].view(dt).view(shape))
+            if self._ring is not None:
+                self._ring.release()
+            self._queue.task_done()
+
+    def wait(self) -> None:
+        """Block until every capture issued so far is on the host."""
+        self._flush()
+        self._queue.join()
+
+    def save(self) -> Path | None:
+        self.wait()
+        from consistency.contract.models import TensorMeta
+
+        for key, (dt, shape, stride, contiguous, device, producer, meta) in self._layouts.items():
+            tm = TensorMeta(dtype=str(dt).removeprefix("torch."), shape=list(shape), stride=list(stride),
+                            contiguous=contiguous, device=device, producer=producer)
+            for k, v in meta.items():
+                setattr(tm, k, v)
+            self.metadata.tensors[key] = tm
+        if self.dropped:
+            self.metadata.extra["dropped_captures"] = dict(self.dropped)
+        if self.tokens is not None and not isinstance(self.tokens, slice):
+            self.metadata.extra["token_index"] = list(self.tokens)
+        if self.last_tokens is not None:
+            self.metadata.extra["last_tokens"] = self.last_tokens
+        return super().save()
+
+    def close(self) -> None:
+        if self._thread.is_alive():
+            self._queue.put(None)
+            self._thread.join(timeout=30)
+
+    def discard(self) -> None:
+        self.wait()
+        super().discard()
+        self.close()
+
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        super().__exit__(exc_type, *exc)
+        self.close()

@@ -1,0 +1,17 @@
+"""Put this folder on PYTHONPATH to record a server you cannot edit (inert without CONSISTENCY_RECORD).
+
+    PYTHONPATH=$(python -m consistency.record.autopatch) CONSISTENCY_RECORD=/tmp/serve.safetensors \
+        python -m sglang.launch_server ...
+
+Python imports ``sitecustomize`` at start-up in every process, including the workers the
+engine spawns; :func:`consistency.record.patch.auto` then patches the engine's model classes
+as they are imported. If your environment already has a sitecustomize, call ``auto()``
+from it instead.
+"""
+
+import os
+
+if os.environ.get("CONSISTENCY_RECORD"):
+    from consistency.record.patch import auto
+
+    auto()

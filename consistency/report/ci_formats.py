@@ -1,0 +1,137 @@
+"""CI renderings of a gate report: JUnit XML, GitHub Actions annotations, Markdown summary.
+
+All three read the gate report's JSON form (schemas/gate-report.schema.json), so they
+can also be produced later from a saved ``--json`` file. JUnit gets one test case per
+lint rule and per compared tensor; annotations are workflow commands that GitHub shows
+on the config line at fault; the Markdown goes to ``$GITHUB_STEP_SUMMARY``.
+"""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Any
+
+_ICON = {"pass": "✅", "fail": "❌", "error": "⛔", "skipped": "⏭️"}
+
+
+def junit_xml(report: dict[str, Any]) -> str:
+    """JUnit XML: a <testsuite> per check, a <testcase> per rule/tensor."""
+    root = ET.Element("testsuites", name="consistency")
+    tot = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
+    for chk in report.get("checks", []):
+        cases = chk.get("cases", [])
+        n = {"tests": len(cases), "failures": sum(c["status"] == "failed" for c in cases),
+             "errors": sum(c["status"] == "error" for c in cases),
+             "skipped": sum(c["status"] == "skipped" for c in cases)}
+        for k in tot:
+            tot[k] += n[k]
+        suite = ET.SubElement(root, "testsuite", name=f"{chk['kind']}: {chk['name']}",
+                              time=f"{chk.get('seconds') or 0:.3f}", **{k: str(v) for k, v in n.items()})
+        for c in cases:
+            attrs = {"classname": f"consistency.{chk['kind']}.{chk['name']}", "name": c["name"]}
+            if c.get("file"):
+                attrs["file"] = c["file"]
+                if c.get("line"):
+                    attrs["line"] = str(c["line"])
+            tc = ET.SubElement(suite, "testcase", **attrs)
+            body = c.get("message", "") + (f"\nfix: {c['fix']}" if c.get("fix") else "") + (
+                f"\nsee: {c['doc']}" if c.get("doc") else "")
+            first = (c.get("message") or "").split("\n", 1)[0]
+            if c["status"] == "failed":
+                ET.SubElement(tc, "failure", message=first, type=c.get("code") or "failure").text = body
+            elif c["status"] == "error":
+                ET.SubElement(tc, "error", message=first, type="input").text = body
+            elif c["status"] == "skipped":
+                ET.SubElement(tc, "skipped", message=first)
+            elif c.get("severity") == "warning":
+                ET.SubElement(tc, "system-out").text = "warning: " + body
+    for k, v in tot.items():
+        root.set(k, str(v))
+    ET.indent(root)
+    return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
+
+
+def _esc_data(s: str) -> str:
+    return s.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+
+
+def _esc_prop(s: str) -> str:
+    return _esc_data(s).replace(":", "%3A").replace(",", "%2C")
+
+
+def _rel(path: str, base: Path | None) -> str:
+    """GitHub places annotations by repository-relative path: strip the workspace prefix."""
+    if base is None:
+        return path
+    try:
+        return Path(path).resolve().relative_to(base.resolve()).as_posix()
+    except ValueError:
+        return path
+
+
+def github_annotations(report: dict[str, Any], base: Path | None = None) -> list[str]:
+    """``::error file=...,line=...,title=...::message`` lines for failing and warning cases;
+    ``base`` (the workspace, usually the current directory) makes file paths relative."""
+    out = []
+    for chk in report.get("checks", []):
+        for c in chk.get("cases", []):
+            if c["status"] in ("failed", "error"):
+                level = "error"
+            elif c.get("severity") == "warning":
+                level = "warning"
+            else:
+                continue
+            props = []
+            if c.get("file"):
+                props.append(f"file={_esc_prop(_rel(c['file'], base))}")
+                if c.get("line"):
+                    props.append(f"line={int(c['line'])}")
+            title = "consistency {} {}: {}".format(chk["kind"], chk["name"], c["name"])
+            props.append(f"title={_esc_prop(title)}")
+            msg = c.get("message", "") + (f"\nfix: {c['fix']}" if c.get("fix") else "")
+            out.append(f"::{level} {','.join(props)}::{_esc_data(msg)}")
+    return out
+
+
+def _cell(s: str) -> str:
+    return s.replace("|", "\\|").replace("\n", "<br>")
+
+
+def markdown_summary(report: dict[str, Any]) -> str:
+    """A step summary: the verdict, a table of checks, then what failed and how to fix it."""
+    lines = [f"## consistency gate: {_ICON.get(report['verdict'], '')} {report['verdict'].upper()}", "",
+             report.get("summary", ""), "", "| check | verdict | cases | summary |", "|---|---|---|---|"]
+    for chk in report.get("checks", []):
+        cs = chk.get("cases", [])
+        counts = ", ".join(f"{sum(c['status'] == s for c in cs)} {s}" for s in ("passed", "failed", "skipped", "error")
+                           if any(c["status"] == s for c in cs))
+        lines.append(f"| {chk['kind']} `{chk['name']}` | {_ICON.get(chk['verdict'], '')} {chk['verdict']} | {counts} "
+                     f"| {_cell(chk.get('summary', ''))} |")
+    for chk in report.get("checks", []):
+        rep = chk.get("report") or {}
+        bad = [c for c in chk.get("cases", []) if c["status"] in ("failed", "error") or c.get("severity") == "warning"]
+        slots = rep.get("slots") if chk["kind"] == "lint" else None
+        if not bad and not (slots and chk["verdict"] != "pass"):
+            continue
+        lines += ["", f"### {chk['kind']} `{chk['name']}`", ""]
+        if slots and chk["kind"] == "lint":
+            lines += ["| slot | training stream | serving stream | config id |", "|---|---|---|---|"]
+            for r in slots:
+                mark = "" if r.get("match") in (None, True) else " ❌"
+                lines.append(f"| {r['slot']} | {_v(r.get('training_stream'))} | {_v(r.get('serving_stream'))}{mark} "
+                             f"| {_v(r.get('serving_id'))} |")
+            lines.append("")
+        for c in bad:
+            where = f" (`{c['file']}`{':' + str(c['line']) if c.get('line') else ''})" if c.get("file") else ""
+            lines.append(f"- **{c['status'] if c['status'] != 'passed' else 'warning'}** {c['name']}{where}: "
+                         f"{_cell(c.get('message', ''))}")
+            if c.get("fix"):
+                lines.append(f"  - fix: {_cell(c['fix'])}")
+            if c.get("doc"):
+                lines.append(f"  - see [{c['doc']}]({c['doc']})")
+    return "\n".join(lines) + "\n"
+
+
+def _v(x: Any) -> str:
+    return "-" if x is None else str(x)

@@ -1,0 +1,71 @@
+"""SARIF 2.1.0 from a lint report, for GitHub code scanning and other SARIF viewers.
+
+Works from the report's JSON form (schemas/lint-report.schema.json) rather than the
+Python model, so the report package stays below the lint package in the layering and
+any tool that saved a lint JSON can turn it into SARIF later.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
+INFO_URI = "https://github.com/consistency-dev/consistency"
+_LEVEL = {"error": "error", "warning": "warning", "info": "note"}
+
+
+def _uri(path: str, base: Path | None) -> str:
+    p = Path(path)
+    if base is not None:
+        try:
+            return p.resolve().relative_to(base.resolve()).as_posix()
+        except ValueError:
+            pass
+    return p.as_posix()
+
+
+def lint_sarif(report: dict[str, Any], base: Path | None = None, include_info: bool = False) -> dict[str, Any]:
+    """A SARIF log with one rule per lint rule run and one result per finding.
+
+    ``base``: paths are written relative to it (a repository root), so code scanning can
+    place the annotation on the config line that causes it.
+    """
+    base = base if base is not None else Path.cwd()
+    rules = [{
+        "id": r["code"], "name": r["name"],
+        "shortDescription": {"text": r["title"]},
+        "fullDescription": {"text": f"{r['title']}. Source: {r['source']}"},
+        "help": {"text": f"Fix: {r['fix']}", "markdown": f"**Fix:** {r['fix']}\n\nSource: {r['source']}"},
+        "helpUri": r["doc"],
+        "defaultConfiguration": {"level": _LEVEL[r["severity"]]},
+        "properties": {"source": r["source"], "tags": [r["code"][:3]]},
+    } for r in report.get("rules", [])]
+    index = {r["id"]: i for i, r in enumerate(rules)}
+    results = []
+    for f in report.get("findings", []):
+        if f["severity"] == "info" and not include_info:
+            continue
+        res: dict[str, Any] = {"ruleId": f["code"], "level": _LEVEL[f["severity"]],
+                               "message": {"text": f["message"] + (f" Fix: {f['fix']}" if f.get("fix") else "")}}
+        if f["code"] in index:
+            res["ruleIndex"] = index[f["code"]]
+        loc = f.get("location") or {}
+        if loc.get("file"):
+            phys: dict[str, Any] = {"artifactLocation": {"uri": _uri(loc["file"], base)}}
+            if loc.get("line"):
+                phys["region"] = {"startLine": int(loc["line"])}
+            res["locations"] = [{"physicalLocation": phys}]
+            if loc.get("key"):
+                res["locations"][0]["logicalLocations"] = [{"fullyQualifiedName": loc["key"], "kind": "member"}]
+        results.append(res)
+    return {
+        "$schema": SARIF_SCHEMA, "version": "2.1.0",
+        "runs": [{
+            "tool": {"driver": {"name": "consistency", "version": report.get("version", ""),
+                                "informationUri": INFO_URI, "rules": rules}},
+            "results": results,
+            "properties": {"verdict": report.get("verdict"), "training_streams": report.get("training_streams"),
+                           "serving_streams": report.get("serving_streams")},
+        }],
+    }

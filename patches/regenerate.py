@@ -1,0 +1,143 @@
+"""Regenerate the unified diffs in this folder from unpacked SGLang/vLLM wheels.
+
+Usage::
+
+    pip download sglang==0.5.21 --no-deps -d /tmp/w && unzip -q /tmp/w/sglang-0.5.21-*.whl -d /tmp/sgl0521
+    python patches/regenerate.py --sglang-classic /tmp/sgl0521 --sglang-deepseek-classic /tmp/sgl05121 \\
+        --sglang-boundary /tmp/sgl0523 --vllm /tmp/vllm0330
+
+Each edit is data: an anchor line that must occur exactly once (verbatim upstream text)
+and the line(s) added after it. Every patch adds one import and one call per captured
+point, nothing else; the calls are inert unless CONSISTENCY_RECORD is set. Not imported
+by the package; kept so the patches can be re-made for the next release.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+from pathlib import Path
+
+IMPORT = "from consistency.record.patch import {names}  # consistency: inert unless CONSISTENCY_RECORD is set\n"
+SIG_SGL_LLAMA = "    ) -> Union[torch.Tensor, Tuple[torch.Tensor, List[torch.Tensor]], PPProxyTensors]:\n"
+SIG_VLLM_LLAMA = "    ) -> torch.Tensor | IntermediateTensors | tuple[torch.Tensor, list[torch.Tensor]]:\n"
+SGL_DS_TOP = "        total_num_layers = self.end_layer - self.start_layer\n"
+CLASSIC = "capture_aux(len(aux_hidden_states) - 1, aux_hidden_states[-1], hidden_states, residual)\n"
+
+
+def _at(indent: int, text: str) -> str:
+    return " " * indent + text
+
+
+def after(anchor: str, added: str) -> tuple[str, str]:
+    """(anchor, replacement): the added lines go right after the anchor."""
+    return anchor, anchor + added
+
+
+def inside(head: str, tail: str, added: str) -> tuple[str, str]:
+    """The added lines go between two consecutive lines (when neither alone is unique)."""
+    return head + tail, head + added + tail
+
+
+# The import is local to the patched function (first statement), so a patch has one hunk
+# per function and no hunk in the import block, whose neighbours change every release.
+# patch file -> {path inside site-packages: [(anchor, its replacement)]}
+SPECS: dict[str, dict[str, list[tuple[str, str]]]] = {
+    "sglang-classic-llama.patch": {
+        "sglang/srt/models/llama.py": [
+            after(SIG_SGL_LLAMA, _at(8, IMPORT.format(names="capture_aux, capture_input_ids"))
+             + _at(8, "capture_input_ids(input_ids)\n")),
+            after(_at(16, "aux_hidden_states.append(hidden_states + residual)\n"), _at(16, CLASSIC)),
+        ],
+    },
+    "sglang-classic-deepseek_v2.patch": {
+        "sglang/srt/models/deepseek_v2.py": [
+            after(SGL_DS_TOP, _at(8, IMPORT.format(names="capture_aux, capture_input_ids"))
+             + _at(8, "capture_input_ids(input_ids)\n")),
+            after(_at(24, "aux_hidden_states.append(hidden_states + residual)\n"), _at(20, CLASSIC)),
+        ],
+    },
+    "sglang-boundary-llama.patch": {
+        "sglang/srt/models/llama.py": [
+            after(SIG_SGL_LLAMA, _at(8, IMPORT.format(names="capture_aux_states, capture_input_ids"))
+             + _at(8, "capture_input_ids(input_ids)\n")),
+            after("        if len(aux_hidden_states) == 0:\n            return hidden_states\n\n",
+                  _at(8, "capture_aux_states(aux_hidden_states)\n")),
+        ],
+    },
+    "sglang-boundary-deepseek_v2.patch": {
+        "sglang/srt/models/deepseek_v2.py": [
+            after(SGL_DS_TOP, _at(8, IMPORT.format(names="capture_aux_states, capture_input_ids"))
+             + _at(8, "capture_input_ids(input_ids)\n")),
+            after("        if len(aux_hidden_states) == 0:\n            return hidden_states\n",
+                  _at(8, "capture_aux_states(aux_hidden_states)\n")),
+        ],
+    },
+    "vllm-llama.patch": {
+        "vllm/model_executor/models/interfaces.py": [
+            after(_at(12, "aux_hidden_states.append(value)\n"),
+                  _at(12, IMPORT.format(names="capture_aux"))
+             + _at(12, "capture_aux(len(aux_hidden_states) - 1, value, hidden_states, residual)\n")),
+        ],
+        "vllm/model_executor/models/llama.py": [
+            after(SIG_VLLM_LLAMA, _at(8, IMPORT.format(names="capture_input_ids")) + _at(8, "capture_input_ids(input_ids)\n")),
+        ],
+    },
+    "vllm-deepseek_v2.patch": {
+        "vllm/model_executor/models/deepseek_v2.py": [
+            inside("    ) -> torch.Tensor | IntermediateTensors:\n", "        if get_pp_group().is_first_rank:\n",
+                   _at(8, IMPORT.format(names="capture_aux, capture_input_ids"))
+                   + _at(8, "capture_input_ids(input_ids)\n")),
+            after(_at(16, "aux_hidden_states.append(aux_hidden_state)\n"), _at(16, CLASSIC)),
+            after("        if self.end_layer in self.aux_hidden_state_layers:\n"
+                  "            aux_hidden_states.append(hidden_states + residual)\n", _at(12, CLASSIC)),
+        ],
+    },
+}
+# Context lines per patch (3 unless said): 2 lets the post-loop hunk also match sglang 0.5.17-0.5.19
+# (a `)` line before the final return instead of a blank one) and the mixin hunk vllm 0.25-0.26.
+CONTEXT = {"sglang-boundary-deepseek_v2.patch": 2, "vllm-llama.patch": 2}
+# Roots: which unpacked wheel each patch is written against.
+ROOTS = {"sglang-classic-llama.patch": "sglang_classic", "sglang-classic-deepseek_v2.patch": "sglang_deepseek_classic",
+         "sglang-boundary-llama.patch": "sglang_boundary", "sglang-boundary-deepseek_v2.patch": "sglang_boundary",
+         "vllm-llama.patch": "vllm", "vllm-deepseek_v2.patch": "vllm"}
+
+
+def edit(patch: str, text: str, edits: list[tuple[str, str]], where: str) -> str:
+    """Replace each anchor (which must occur exactly once) by its replacement."""
+    for anchor, added in edits:
+        count = text.count(anchor)
+        if count != 1:
+            raise SystemExit(f"{patch}: {where}: anchor found {count} times, expected once: {anchor!r}")
+        text = text.replace(anchor, added)
+    return text
+
+
+def make(patch: str, roots: dict[str, Path]) -> str:
+    root = roots[ROOTS[patch]]
+    out: list[str] = []
+    for rel, edits in SPECS[patch].items():
+        old = (root / rel).read_text()
+        new = edit(patch, old, edits, rel)
+        out += difflib.unified_diff(old.splitlines(True), new.splitlines(True), f"a/{rel}", f"b/{rel}",
+                                  n=CONTEXT.get(patch, 3))
+    return "".join(out)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sglang-classic", type=Path, required=True, help="unpacked sglang 0.5.21 (llama.py classic)")
+    ap.add_argument("--sglang-deepseek-classic", type=Path, required=True, help="unpacked sglang 0.5.12.post1")
+    ap.add_argument("--sglang-boundary", type=Path, required=True, help="unpacked sglang 0.5.23")
+    ap.add_argument("--vllm", type=Path, required=True, help="unpacked vllm 0.33.0")
+    ap.add_argument("--out", type=Path, default=Path(__file__).parent)
+    a = ap.parse_args()
+    roots = {"sglang_classic": a.sglang_classic, "sglang_deepseek_classic": a.sglang_deepseek_classic,
+             "sglang_boundary": a.sglang_boundary, "vllm": a.vllm}
+    for patch in SPECS:
+        (a.out / patch).write_text(make(patch, roots))
+        print(f"wrote {a.out / patch}")
+
+
+if __name__ == "__main__":
+    main()

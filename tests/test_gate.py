@@ -1,0 +1,205 @@
+"""``consistency gate``: declared lints, compares and replays in one CI step, reported as
+exit code, JSON, JUnit XML, GitHub annotations and a Markdown step summary."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import cli
+from consistency.contract.models import AuxInfo, DumpMetadata, ModelInfo
+from consistency.dump.writer import write_dump
+from consistency.gate.config import load
+from consistency.gate.runner import Runners, run_gate
+from test_lint_support import FIX
+
+SEED = """
+[gate]
+fail_on = "error"
+
+[[lint]]
+name = "kimi-seed"
+draft = "drafts/seed.json"
+target = "kimi.json"
+runtime = "sglang@0.5.12"
+trained_with = "stream:0,3,31"
+serve = "python -m sglang.launch_server --speculative-algorithm EAGLE3 --speculative-num-steps 1 --speculative-eagle-topk 1 --speculative-num-draft-tokens 6"
+
+[[lint]]
+name = "kimi-fixed"
+draft = "drafts/fixed.json"
+target = "kimi.json"
+runtime = "sglang@0.5.23"
+trained_with = "stream:0,3,31"
+"""
+
+COMPARE = """
+[[compare]]
+name = "{name}"
+reference = "dumps/train.safetensors"
+candidate = "dumps/{cand}.safetensors"
+"""
+
+
+def _dumps(d: Path) -> None:
+    rng = np.random.default_rng(0)
+    h = [rng.standard_normal((16, 32)).astype(np.float32) for _ in range(9)]
+    meta = DumpMetadata(model=ModelInfo(num_layers=8, hidden_size=32), aux=AuxInfo(stream_ids=[0, 3, 6]))
+    train = {f"hidden.{i}": h[i] for i in range(9)} | {f"aux.{k}": h[s] for k, s in enumerate([0, 3, 6])}
+    write_dump(d / "train.safetensors", train, meta)
+    write_dump(d / "same.safetensors", {f"aux.{k}": h[s] for k, s in enumerate([0, 3, 6])},
+               DumpMetadata(aux=AuxInfo(stream_ids=[0, 3, 6])))
+    write_dump(d / "shifted.safetensors", {f"aux.{k}": h[s] for k, s in enumerate([3, 6, 8])},
+               DumpMetadata(aux=AuxInfo(stream_ids=[3, 6, 8])))
+
+
+def project(tmp: Path, *extra: str) -> Path:
+    (tmp / "drafts").mkdir()
+    (tmp / "dumps").mkdir()
+    shutil.copy(FIX / "drafts" / "sglang" / "kimi-k2.5-eagle3-seed.json", tmp / "drafts" / "seed.json")
+    shutil.copy(FIX / "drafts" / "sglang" / "kimi-k2.5-eagle3-fixed.json", tmp / "drafts" / "fixed.json")
+    shutil.copy(FIX / "targets" / "kimi-k2.5.json", tmp / "kimi.json")
+    _dumps(tmp / "dumps")
+    cfg = tmp / "consistency.toml"
+    cfg.write_text(SEED + "".join(extra))
+    return cfg
+
+
+def test_gate_reports_every_format(tmp_path: Path) -> None:
+    cfg = project(tmp_path, COMPARE.format(name="same", cand="same"), COMPARE.format(name="shifted", cand="shifted"))
+    summary = tmp_path / "summary.md"
+    summary.write_text("earlier step\n")
+    r = cli("gate", "--config", str(cfg), "--json", str(tmp_path / "gate.json"), "--junit", str(tmp_path / "j.xml"),
+            "--sarif", str(tmp_path / "g.sarif"), "--annotations", env={"GITHUB_STEP_SUMMARY": str(summary)})
+    assert r.returncode == 1, r.stderr
+    rep = json.loads((tmp_path / "gate.json").read_text())
+    verdicts = {(c["kind"], c["name"]): c["verdict"] for c in rep["checks"]}
+    assert verdicts == {("lint", "kimi-seed"): "fail", ("lint", "kimi-fixed"): "pass", ("compare", "same"): "pass",
+                        ("compare", "shifted"): "fail"}
+    seed = next(c for c in rep["checks"] if c["name"] == "kimi-seed")
+    assert seed["report"]["serving_streams"] == [3, 31, 59]
+    # JUnit: a suite per check, a case per rule / tensor
+    root = ET.parse(tmp_path / "j.xml").getroot()
+    suites = {s.get("name"): s for s in root.iter("testsuite")}
+    lint_suite = suites["lint: kimi-seed"]
+    cases = {c.get("name"): c for c in lint_suite.iter("testcase")}
+    assert len(cases) == 30 and cases["IDS002 ids-stream-mismatch"].find("failure") is not None
+    assert cases["IDS002 ids-stream-mismatch"].get("file", "").endswith("seed.json")
+    assert cases["VOC001 d2t-missing"].find("skipped") is not None
+    shifted = {c.get("name"): c for c in suites["compare: shifted"].iter("testcase")}
+    assert {"aux.0", "aux.1", "aux.2"} <= set(shifted) and shifted["aux.0"].find("failure") is not None
+    assert all(c.find("failure") is None for c in suites["compare: same"].iter("testcase"))
+    assert int(root.get("failures")) == sum(int(s.get("failures")) for s in suites.values())
+    # annotations on stdout, on the config line
+    ann = [line for line in r.stdout.splitlines() if line.startswith("::error ")]
+    ids = next(a for a in ann if "IDS002" in a)
+    assert "file=" in ids and ",line=" in ids and "%0Afix%3A" not in ids and "%0Afix: " in ids
+    assert any(line.startswith("::warning ") and "SRV001" in line for line in r.stdout.splitlines())
+    # step summary appended, with the slot table
+    md = summary.read_text()
+    assert md.startswith("earlier step\n") and "## consistency gate: " in md and "FAIL" in md
+    assert "| 0 | 0 | 3 ❌ | 2 |" in md
+    # SARIF: one run per lint check
+    sarif = json.loads((tmp_path / "g.sarif").read_text())
+    assert [run["automationDetails"]["id"] for run in sarif["runs"]] == ["consistency/lint/kimi-seed",
+                                                                         "consistency/lint/kimi-fixed"]
+
+
+def test_gate_passes_with_exit_0_and_runs_from_any_directory(tmp_path: Path) -> None:
+    cfg = project(tmp_path, COMPARE.format(name="same", cand="same"))
+    r = cli("gate", "--config", str(cfg), "--only", "kimi-fixed", "--only", "compare/same", "--json", "-",
+            cwd=Path("/"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    rep = json.loads(r.stdout)
+    assert rep["verdict"] == "pass" and [c["name"] for c in rep["checks"]] == ["kimi-fixed", "same"]
+
+
+def test_unreadable_input_is_an_error_check_and_the_rest_still_runs(tmp_path: Path) -> None:
+    cfg = project(tmp_path, COMPARE.format(name="gone", cand="missing"))
+    r = cli("gate", "--config", str(cfg), "--json", "-")
+    assert r.returncode == 2
+    rep = json.loads(r.stdout)
+    gone = next(c for c in rep["checks"] if c["name"] == "gone")
+    assert gone["verdict"] == "error" and "missing.safetensors" in gone["summary"]
+    assert {c["name"] for c in rep["checks"]} == {"kimi-seed", "kimi-fixed", "gone"}
+
+
+@pytest.mark.parametrize("text,needle", [
+    ("[[lint]]\nname='x'\ntrained-with='stream:0'\n", "unknown key(s) ['trained-with']"),
+    ("[[lint]\n", "not valid TOML"),
+    ("[gate]\nfail_on='error'\n", "declares no checks"),
+    ("[[lint]]\nname='a'\n[[lint]]\nname='a'\n", "check names must be unique"),
+    ("[lints]\n", "unknown section"),
+])
+def test_bad_config_exits_2_with_one_line(tmp_path: Path, text: str, needle: str) -> None:
+    (tmp_path / "consistency.toml").write_text(text)
+    r = cli("gate", "--config", str(tmp_path / "consistency.toml"))
+    assert r.returncode == 2 and needle in r.stderr and r.stderr.count("\n") == 1, r.stderr
+
+
+def test_outputs_are_not_clobbered_without_force(tmp_path: Path) -> None:
+    cfg = project(tmp_path)
+    (tmp_path / "j.xml").write_text("keep")
+    r = cli("gate", "--config", str(cfg), "--junit", str(tmp_path / "j.xml"))
+    assert r.returncode == 2 and (tmp_path / "j.xml").read_text() == "keep"
+
+
+def _replay_importable() -> bool:
+    try:
+        import consistency.replay.api  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(_replay_importable(), reason="consistency.replay.api exists: the hook runs instead")
+def test_replay_declared_before_the_replay_package_exists_is_skipped_with_info(tmp_path: Path) -> None:
+    cfg = project(tmp_path, '\n[[replay]]\nname = "acceptance"\ndraft = "drafts/seed.json"\n')
+    r = cli("gate", "--config", str(cfg), "--only", "kimi-fixed", "--only", "acceptance", "--json", "-",
+            "--junit", str(tmp_path / "j.xml"))
+    assert r.returncode == 0, r.stderr  # a skipped replay does not fail the gate
+    rep = json.loads(r.stdout)
+    replay = next(c for c in rep["checks"] if c["kind"] == "replay")
+    assert replay["verdict"] == "skipped" and "replay is not available" in replay["summary"]
+    assert replay["cases"][0]["severity"] == "info"
+    suite = next(s for s in ET.parse(tmp_path / "j.xml").getroot().iter("testsuite")
+                 if s.get("name") == "replay: acceptance")
+    assert suite.get("skipped") == "1"
+
+
+def test_replay_hook_contract(tmp_path: Path) -> None:
+    """What the gate expects from consistency.replay.api.replay_check once it exists."""
+    cfg = load(project(tmp_path, '\n[[replay]]\nname = "acc"\ndraft = "drafts/seed.json"\nmin_acceptance = 0.6\n'))
+    seen: list[dict] = []
+
+    def replay_check(opts: dict) -> dict:
+        seen.append(opts)
+        return {"verdict": "fail", "summary": "predicted acceptance 0.31 < 0.6",
+                "findings": [{"code": "ACCEPTANCE_DROP", "severity": "error", "message": "0.31 < 0.6",
+                              "tensor": "aux"}]}
+
+    def lint(opts: dict) -> dict:
+        return {"verdict": "pass", "summary": "", "rules": [], "findings": []}
+
+    rep = run_gate(cfg, Runners(lint, lint, replay_check), only=("acc",))
+    assert seen == [{"draft": str(tmp_path / "drafts" / "seed.json"), "min_acceptance": 0.6}]
+    chk = rep.checks[0]
+    assert chk.verdict == "fail" and [c.status for c in chk.cases] == ["failed", "failed"]
+    assert rep.exit_code == 1
+
+
+def test_github_actions_environment_turns_on_annotations_and_summary(tmp_path: Path) -> None:
+    cfg = project(tmp_path, COMPARE.format(name="shifted", cand="shifted"))
+    summary = tmp_path / "step-summary.md"
+    r = cli("gate", "--config", "consistency.toml", "--kind", "lint", cwd=tmp_path,
+            env={"GITHUB_ACTIONS": "true", "GITHUB_STEP_SUMMARY": str(summary)})
+    assert r.returncode == 1
+    errors = [line for line in r.stdout.splitlines() if line.startswith("::error ")]
+    assert errors and all("file=drafts/seed.json,line=" in line for line in errors)  # repository-relative
+    assert "compare" not in summary.read_text()  # --kind lint ran the lints only
+    assert cfg.is_file()
