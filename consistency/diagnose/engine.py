@@ -34,6 +34,7 @@ def explain(cmp: Comparison) -> tuple[list[Finding], str]:
     for name in cmp.plan.missing:
         findings.append(Finding.make("MISSING", f"{name}: the reference has it (or the contract expects it); "
                                      f"the candidate does not", tensor=None, expected=name))
+    findings += _replicas(cmp)
     for name in cmp.plan.extra:
         findings.append(Finding.make("EXTRA", f"{name}: only in the candidate; not compared", tensor=name))
     cand_side, ref_side = _side(cmp, "cand"), _side(cmp, "ref")
@@ -52,6 +53,21 @@ def explain(cmp: Comparison) -> tuple[list[Finding], str]:
     for f in findings:
         f.identified_as = cmp.canonical(f.identified_as)
     return findings, _summary(cmp, findings, st, cand_side, ref_side)
+
+
+def _replicas(cmp: Comparison) -> list[Finding]:
+    """Tensor-parallel copies that should be identical and are not (rank files only)."""
+    out = []
+    for which, d in (("candidate", cmp.cand), ("reference", cmp.ref)):
+        for name, (spread, rank) in sorted(getattr(d, "replica_checks", {}).items()):
+            v = d.tensors.get(name)
+            floor = cmp.tol.dtype_floor(v.dtype, v.dtype) if v is not None else 0.0
+            if spread > floor:
+                out.append(Finding.make("REPLICA_MISMATCH", f"{which} {name}: rank {rank}'s copy differs from rank 0's "
+                                        f"(token rel_diff {spread:.3g} > {floor:g}); a replicated tensor should be "
+                                        f"identical on every rank", tensor=name if which == "candidate" else None,
+                                        metrics={"rank": rank, "token_rel_diff": float(f"{spread:.4g}")}))
+    return out
 
 
 def _side(cmp: Comparison, which: str) -> str:

@@ -197,10 +197,22 @@ def scale_mismatch(ev: Evidence, r: Result) -> Explanation | None:
 
 
 def partial_shard(ev: Evidence, r: Result) -> Explanation | None:
-    """Vocab-parallel embedding without its all-reduce: in-shard rows exact, the rest zero."""
+    """A missing all-reduce. With every rank's file: the ranks' copies sum to the expected
+    tensor. With one rank's file: a vocab-parallel embedding's in-shard rows are exact and
+    the rest zero."""
     before, c, e = ev.before(r), ev.cand(r), ev.expected(r)
     if before is None or c is None or e is None:
         return None
+    summed = _rank_sum(ev, r)
+    if summed is not None:
+        d = token_distance(summed[0], e)
+        zero = _zero_rows_by_rank(ev, r)
+        where = "; ".join(f"rank {k}: {len(v)} zero token rows {v[:8]}{'...' if len(v) > 8 else ''}"
+                          for k, v in zero.items() if v)
+        return Explanation("PARTIAL_SHARD", f"is rank 0's partial result: the {summed[1]} ranks' copies sum to the "
+                           f"expected tensor, so an all-reduce is missing" + (f" ({where})" if where else ""),
+                           before, d, r.ref.name if r.ref else None,
+                           {"ranks": summed[1], "zero_token_rows_by_rank": {str(k): v[:64] for k, v in zero.items()}})
     zero = np.linalg.norm(c, axis=1) == 0
     if not zero.any() or zero.all():
         return None
@@ -222,8 +234,43 @@ def partial_shard(ev: Evidence, r: Result) -> Explanation | None:
     if all_rows is not None:
         detail["zero_token_rows"] = all_rows[:64]
         detail["zero_token_count"] = len(all_rows)
+        msg += f"; zero token rows: {all_rows[:8]}{'...' if len(all_rows) > 8 else ''} ({len(all_rows)} in all)"
+    meta = ev.cmp.cand.metadata
+    if meta is not None and meta.rank is not None:
+        detail["rank"], detail["world_size"] = meta.rank, meta.world_size
+        msg = f"rank {meta.rank} of {meta.world_size}: " + msg
     return Explanation("PARTIAL_SHARD", msg + ": a vocab-parallel embedding without its all-reduce", before, d,
                        r.ref.name if r.ref else None, detail)
+
+
+def _rank_sum(ev: Evidence, r: Result) -> tuple[np.ndarray, int] | None:
+    """Sampled rows of the candidate summed over tensor-parallel ranks (rank files only)."""
+    views_of = getattr(ev.cmp.cand, "rank_views", None)
+    idx = ev.index(r)
+    views = views_of(r.cand.name) if views_of is not None else None
+    if not views or len(views) < 2 or idx is None or any(v.rows != r.cand.rows or v.cols != r.cand.cols for v in views):
+        return None
+    total = np.zeros((len(idx), r.cand.cols))
+    for v in views:
+        x = v.take_rows(idx, np.float64)
+        x[~np.isfinite(x)] = 0.0
+        total += x
+    return total, len(views)
+
+
+def _zero_rows_by_rank(ev: Evidence, r: Result) -> dict[int, list[int]]:
+    views_of = getattr(ev.cmp.cand, "rank_views", None)
+    views = views_of(r.cand.name) if views_of is not None else None
+    out: dict[int, list[int]] = {}
+    for k, v in enumerate(views or []):
+        if v.nbytes > 256 * 1024 * 1024:
+            continue
+        rows: list[int] = []
+        for start in range(0, v.rows, 4096):
+            chunk = v.rows_float(start, start + 4096)
+            rows.extend(int(start + i) for i in np.flatnonzero(~(chunk != 0).any(axis=1)))
+        out[k] = rows
+    return out
 
 
 def _zero_rows(r: Result) -> list[int] | None:

@@ -1,4 +1,5 @@
-"""Open one side of a comparison: a dump, or a training file another tool wrote.
+"""Open one side of a comparison: a dump, a set of tensor-parallel rank files, or a
+training file another tool wrote.
 
 Formats other tools write (speculators ``hs_*.safetensors``, SpecForge ``.ckpt``/
 ``.ckpt.gz``; see :mod:`consistency.dump.formats`) are recognised here, so every command
@@ -18,6 +19,11 @@ from consistency.errors import InputError
 def open_side(spec: str | Path, layer_ids: Sequence[int] | None = None, convention: str | None = None) -> Dump:
     """The Dump for ``spec``; foreign training files are mapped onto the dump's names."""
     p = Path(spec)
+    from consistency.dump.ranks import RankDump, rank_files
+
+    ranks = rank_files(spec)
+    if ranks is not None:
+        return RankDump(ranks)
     if p.is_dir():
         raise InputError(p, "is a directory, expected a dump file (.safetensors or .npz), a speculators "
                          "hs_*.safetensors or a SpecForge .ckpt/.ckpt.gz")

@@ -81,6 +81,10 @@ class Recorder:
         self.counts[name] = n
         key = name if n == 1 else f"{name}#{n}"
         tm = layout(tensor, producer) if hasattr(tensor, "stride") else TensorMeta(producer=producer)
+        if "shard" in meta:  # 'h[tp]', 't[tp]', 'tp:partial', 'tp:replicated' or a ShardSpec
+            from consistency.dump.ranks import parse_shard
+
+            meta["shard"] = parse_shard(meta["shard"], self.rank or 0, self.world or 1)
         for k, v in meta.items():
             setattr(tm, k, v)
         self.tensors[key] = to_numpy(tensor)

@@ -1,0 +1,74 @@
+"""``consistency replay --draft DRAFT --target TARGET REFERENCE CANDIDATE``: what a mismatch costs."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from consistency.errors import UsageError
+
+SETTABLE = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")
+
+
+def parse_sets(values: tuple[str, ...]) -> dict[str, bool]:
+    out: dict[str, bool] = {}
+    for v in values:
+        key, sep, val = v.partition("=")
+        if not sep or key not in SETTABLE or val.lower() not in ("true", "false", "1", "0"):
+            raise UsageError(f"--set {v!r}: expected FLAG=true|false with FLAG one of {', '.join(SETTABLE)}")
+        out[key] = val.lower() in ("true", "1")
+    return out
+
+
+@click.command("replay")
+@click.argument("reference", type=click.Path(dir_okay=True, path_type=str))
+@click.argument("candidate", type=click.Path(dir_okay=True, path_type=str))
+@click.option("--draft", required=True, metavar="DIR|NAME",
+              help="EAGLE-3 draft: a directory (config.json + *.safetensors, speculators or SGLang/SpecForge layout) "
+                   "or a built-in fixture draft name (tiny-llama-eagle3).")
+@click.option("--target", metavar="NAME|DIR",
+              help="Target model: a built-in tiny name or a local HF directory. Supplies the embedding/lm_head a draft "
+                   "does not carry and the next-token labels when a dump has no logits.")
+@click.option("--steps", "-k", type=int, help="Chained draft steps per verification (default: the draft's "
+              "speculative_tokens, else 3); SGLang's --speculative-num-steps.")
+@click.option("--max-drop", type=float, default=5.0, show_default=True, metavar="POINTS",
+              help="Fail (exit 1) when top-1 accuracy or acceptance rate falls by more than this many points.")
+@click.option("--feed", type=click.Choice(["own", "teacher"]), default="own", show_default=True,
+              help="Chained steps get the draft's own proposals (runtimes) or the recorded tokens (speculators' TTT).")
+@click.option("--labels", type=click.Choice(["auto", "logits", "target", "input_ids"]), default="auto", show_default=True,
+              help="Where the target's next tokens come from: the dump's logits, a target forward, or the recorded tokens.")
+@click.option("--set", "sets", multiple=True, metavar="FLAG=BOOL",
+              help="Override a draft flag as a runtime would read it (e.g. norm_before_residual=false for SGLang).")
+@click.option("--json", "json_out", metavar="PATH|-", help="Write the JSON report to PATH, or to stdout with '-'.")
+@click.option("--quiet", "-q", is_flag=True, help="Print only the verdict line.")
+@click.option("--force", is_flag=True, help="Overwrite an existing report file.")
+def replay(reference: str, candidate: str, draft: str, target: str | None, steps: int | None, max_drop: float,
+           feed: str, labels: str, sets: tuple[str, ...], json_out: str | None, quiet: bool, force: bool) -> None:
+    """Run the real draft on the aux states of REFERENCE (what it was trained on) and of
+    CANDIDATE (what the server feeds it), score both against the target's own next tokens
+    and report the predicted acceptance side by side.
+
+    Exit code 0 when the candidate is within --max-drop points of the reference, 1 when it
+    falls further, 2 for bad usage or unreadable input.
+    """
+    from consistency.dump.atomic import check_writable, write_text_atomic
+    from consistency.replay.assets import resolve_draft
+    from consistency.replay.engine import run_replay
+    from consistency.replay.text import render
+    from consistency.report.text import console
+
+    if max_drop < 0:
+        raise UsageError("--max-drop must be >= 0")
+    if json_out and json_out != "-":
+        check_writable(json_out, force)
+    rep = run_replay(resolve_draft(draft), target, reference, candidate, steps, max_drop, feed, labels, parse_sets(sets))
+    text = rep.model_dump_json(indent=2)
+    if json_out == "-":
+        sys.stdout.write(text + "\n")
+        render(rep, console(sys.stderr), quiet=True)
+    else:
+        if json_out:
+            write_text_atomic(json_out, text + "\n", force=force)
+        render(rep, console(), quiet=quiet)
+    sys.exit(0 if rep.verdict == "pass" else 1)
