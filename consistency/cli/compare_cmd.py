@@ -50,9 +50,9 @@ def _progress_factory():  # noqa: ANN202
 
 
 @click.command("compare")
-@click.argument("reference", type=click.Path(dir_okay=True, path_type=str))
-@click.argument("candidate", type=click.Path(dir_okay=True, path_type=str))
-@click.option("--contract", type=click.Path(dir_okay=False), help="Aux contract (JSON/YAML): which stream each slot must hold.")
+@click.argument("reference", type=click.Path(dir_okay=True, readable=False, path_type=str))
+@click.argument("candidate", type=click.Path(dir_okay=True, readable=False, path_type=str))
+@click.option("--contract", type=click.Path(dir_okay=False, readable=False), help="Aux contract (JSON/YAML): which stream each slot must hold.")
 @click.option("--json", "json_out", metavar="PATH|-", help="Write the JSON report to PATH, or to stdout with '-'.")
 @click.option("--rtol", type=float, help="Element-wise relative tolerance; when given, any element outside fails.")
 @click.option("--atol", type=float, help="Element-wise absolute tolerance; when given, any element outside fails.")

@@ -6,7 +6,7 @@ import click
 
 
 @click.command("inspect")
-@click.argument("dump", type=click.Path(path_type=str))
+@click.argument("dump", type=click.Path(readable=False, path_type=str))
 @click.option("--json", "as_json", is_flag=True, help="Print the metadata and tensor list as JSON.")
 def inspect(dump: str, as_json: bool) -> None:
     """List the tensors (name, dtype, shape) and the metadata of DUMP."""

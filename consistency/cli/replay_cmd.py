@@ -34,8 +34,9 @@ def parse_sets(values: tuple[str, ...]) -> dict[str, bool]:
               "speculative_tokens, else 3); SGLang's --speculative-num-steps.")
 @click.option("--max-drop", type=float, default=5.0, show_default=True, metavar="POINTS",
               help="Fail (exit 1) when top-1 accuracy or acceptance rate falls by more than this many points.")
-@click.option("--feed", type=click.Choice(["own", "teacher"]), default="own", show_default=True,
-              help="Chained steps get the draft's own proposals (runtimes) or the recorded tokens (speculators' TTT).")
+@click.option("--feed", type=click.Choice(["auto", "own", "teacher"]), default="auto", show_default=True,
+              help="Chained steps get the draft's own proposals (runtimes) or the recorded tokens (speculators' TTT); "
+                   "auto: own on the target's own greedy text, else recorded.")
 @click.option("--labels", type=click.Choice(["auto", "logits", "target", "input_ids"]), default="auto", show_default=True,
               help="Where the target's next tokens come from: the dump's logits, a target forward, or the recorded tokens.")
 @click.option("--set", "sets", multiple=True, metavar="FLAG=BOOL",

@@ -74,7 +74,8 @@ class Fingerprints:
         for j, v in enumerate(views):
             at = 0
             for a, b in runs:
-                self.stack[at:at + b - a, j] = v.rows_float(a, b, np.float32)
+                rows = v.rows_float(a, b, np.float64 if v.dtype == "float64" else np.float32)
+                self.stack[at:at + b - a, j] = np.clip(rows, -1e150, 1e150) if rows.dtype == np.float64 else rows
                 at += b - a
         self.stack[~np.isfinite(self.stack)] = 0.0
         self.sqn = np.einsum("knh,knh->kn", self.stack, self.stack)  # [k, n]
@@ -100,6 +101,8 @@ class Fingerprints:
             x = self.stack[:, self.pos[a]]  # [k, h]
             if src.stack.shape[0] != x.shape[0] or src.stack.shape[2] != x.shape[1]:
                 self._memo[key] = np.full(len(src.names), math.inf)
+            elif x.shape[0] == 0:  # no rows: nothing differs
+                self._memo[key] = np.zeros(len(src.names))
             else:
                 dots = np.matmul(src.stack, x[:, :, None])[..., 0]  # [k, n]
                 den = self.sqn[:, self.pos[a]][:, None] + src.sqn

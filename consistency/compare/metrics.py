@@ -76,14 +76,23 @@ class PairAccumulator:
             both = fin_r & fin_c
             ref, cand = np.where(both, ref, 0), np.where(both, cand, 0)
         x, y = ref, cand
-        d = x - y
-        rows_sq_d = np.einsum("ij,ij->i", d, d).astype(np.float64)
-        rows_sq_x = np.einsum("ij,ij->i", x, x).astype(np.float64)
-        rows_sq_y = np.einsum("ij,ij->i", y, y).astype(np.float64)
+        with np.errstate(over="ignore", invalid="ignore"):
+            d = x - y
+            rows_sq_d = np.einsum("ij,ij->i", d, d).astype(np.float64)
+            rows_sq_x = np.einsum("ij,ij->i", x, x).astype(np.float64)
+            rows_sq_y = np.einsum("ij,ij->i", y, y).astype(np.float64)
+        if x.dtype != np.float64 and not (np.isfinite(rows_sq_d).all() and np.isfinite(rows_sq_x).all()
+                                          and np.isfinite(rows_sq_y).all()):
+            x, y = x.astype(np.float64), y.astype(np.float64)  # squares past the fp32 range: redo in fp64
+            d = x - y
+            rows_sq_d = np.einsum("ij,ij->i", d, d)
+            rows_sq_x = np.einsum("ij,ij->i", x, x)
+            rows_sq_y = np.einsum("ij,ij->i", y, y)
         self.sq_diff += float(rows_sq_d.sum())
         self.sq_ref += float(rows_sq_x.sum())
         self.sq_cand += float(rows_sq_y.sum())
-        self.dot += float(np.einsum("ij,ij->i", x, y).astype(np.float64).sum())
+        self.dot += float(np.einsum("ij,ij->i", x, y, dtype=np.float64).sum()) if x.dtype == np.float64 else \
+            float(np.einsum("ij,ij->i", x, y).astype(np.float64).sum())
         den = rows_sq_x + rows_sq_y
         part = np.zeros_like(rows_sq_d)
         np.divide(rows_sq_d, den, out=part, where=den > 0)

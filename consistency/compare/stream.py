@@ -44,8 +44,18 @@ def measure(pairs: Sequence[tuple[TensorView, TensorView, float, float]], progre
     with ThreadPoolExecutor(max_workers=workers()) as pool:
         for start in range(0, rows, chunk):
             stop = min(rows, start + chunk)
-            data = dict(zip(distinct, pool.map(lambda v: v.rows_float(start, stop), distinct.values()), strict=True))
-            list(pool.map(lambda i: accs[i].add(start, data[id(pairs[i][0])], data[id(pairs[i][1])]), range(len(pairs))))
+            data = dict(zip(distinct, pool.map(
+                lambda v: v.rows_float(start, stop, np.float64 if v.dtype == "float64" else np.float32),
+                distinct.values()), strict=True))
+            list(pool.map(lambda i: accs[i].add(start, *_same_dtype(data[id(pairs[i][0])], data[id(pairs[i][1])])),
+                          range(len(pairs))))
             if progress is not None:
                 progress(stop - start)
     return [a.result() for a in accs]
+
+
+def _same_dtype(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A float64 side lifts the other to float64 (its values may exceed the fp32 range)."""
+    if a.dtype == b.dtype:
+        return a, b
+    return a.astype(np.float64), b.astype(np.float64)

@@ -78,6 +78,8 @@ CODES: dict[str, Code] = {c.code: c for c in (
     Code("UNKNOWN", _E, "nothing in the reference explains the values", "inspect the nearest candidates listed"),
     Code("REPLICA_MISMATCH", _E, "tensor-parallel ranks disagree on a tensor that should be replicated",
          "check the all-reduce and the random state across ranks"),
+    Code("NOTHING_COMPARED", _E, "the two dumps have no tensor in common: nothing could be compared",
+         "record the same names on both sides (aux slots, hidden.{s}), or give --contract"),
     Code("EMPTY", _W, "the tensor has no elements", "record at least one token"),
     Code("METADATA_DIFF", _W, "the dumps' metadata disagree on something that changes values",
          "check runtime, convention and claimed stream ids"),

@@ -50,10 +50,13 @@ def _load_report_models() -> None:
 
 
 def write(out_dir: Path) -> list[Path]:
+    """Write every schema atomically; regenerating them is always allowed to replace them."""
+    from consistency.dump.atomic import write_text_atomic
+
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
     for name, text in all_schemas().items():
         p = out_dir / name
-        p.write_text(text)
+        write_text_atomic(p, text, force=True)
         written.append(p)
     return written

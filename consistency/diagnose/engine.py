@@ -35,6 +35,10 @@ def explain(cmp: Comparison) -> tuple[list[Finding], str]:
         findings.append(Finding.make("MISSING", f"{name}: the reference has it (or the contract expects it); "
                                      f"the candidate does not", tensor=None, expected=name))
     findings += _replicas(cmp)
+    if not cmp.results:
+        findings.append(Finding.make("NOTHING_COMPARED", f"no tensor of the candidate pairs with the reference "
+                                     f"(reference: {', '.join(cmp.ref.names[:6]) or 'none'}; candidate: "
+                                     f"{', '.join(cmp.cand.names[:6]) or 'none'})"))
     for name in cmp.plan.extra:
         findings.append(Finding.make("EXTRA", f"{name}: only in the candidate; not compared", tensor=name))
     cand_side, ref_side = _side(cmp, "cand"), _side(cmp, "ref")

@@ -1,9 +1,12 @@
 """Atomic file writes: a crash, a kill -9 or a full disk leaves the old file or none.
 
 Data goes to a hidden temporary file in the destination directory (same filesystem, so
-``os.replace`` is atomic), is fsync'd, and only then renamed over the final name. The
-temporary file is removed on any Python-level failure; after a kill -9 it may remain, but
-under a name no reader ever opens (``.<name>.tmp-<random>``).
+the final rename is atomic), is fsync'd, and only then published under the final name:
+with ``os.replace`` when overwriting is allowed (``--force``), else with ``os.link``, which
+fails if the name appeared meanwhile, so a concurrent writer is never clobbered either.
+The temporary file is removed on any Python-level failure. After a kill -9 it remains, but
+under a name no reader opens (``.<name>.tmp-<host>-<pid>-<random>``); the next write to
+the same name removes such leftovers once their writer's process is gone.
 """
 
 from __future__ import annotations
@@ -11,12 +14,15 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import socket
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
 from consistency.errors import InputError, OutputExistsError
+
+_NO_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 
 def check_writable(path: str | Path, force: bool) -> Path:
@@ -33,31 +39,91 @@ def check_writable(path: str | Path, force: bool) -> Path:
     return p
 
 
+def _tag() -> str:
+    host = "".join(c for c in socket.gethostname() if c.isalnum())[:32] or "host"
+    return f"{host}-{os.getpid()}-"
+
+
 @contextlib.contextmanager
 def atomic_write(path: str | Path, force: bool = False) -> Iterator[BinaryIO]:
     """Yield a binary file object whose content appears under ``path`` only on success."""
     p = check_writable(path, force)
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.tmp-", dir=p.parent)
-    os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600; outputs get the usual permissions
+    _sweep_leftovers(p)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.tmp-{_tag()}", dir=p.parent)
+    except OSError as exc:
+        raise _write_error(p, exc) from exc
     ok = False
     try:
+        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600; outputs get the usual permissions
         with os.fdopen(fd, "wb") as fh:
             yield fh
             fh.flush()
             os.fsync(fh.fileno())
-        if p.exists() and not force:  # someone else wrote it meanwhile: never clobber
-            raise OutputExistsError(p)
-        os.replace(tmp, p)
+        _publish(tmp, p, force)
         ok = True
         _fsync_dir(p.parent)
     except OSError as exc:
-        if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
-            raise InputError(p, f"no space left to write ({os.strerror(exc.errno)}); nothing was written") from exc
-        raise InputError(p, f"cannot write: {exc.strerror or exc}") from exc
+        raise _write_error(p, exc) from exc
     finally:
         if not ok:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
+
+
+def _publish(tmp: str, p: Path, force: bool) -> None:
+    """Rename into place; without ``force`` never replace a file that appeared meanwhile."""
+    if force:
+        os.replace(tmp, p)
+        return
+    try:
+        os.link(tmp, p)  # atomic "create if absent"
+    except FileExistsError:
+        raise OutputExistsError(p) from None
+    except OSError as exc:
+        if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV, errno.EMLINK):
+            raise
+        if p.exists():  # a filesystem without hard links: best effort
+            raise OutputExistsError(p) from None
+        os.replace(tmp, p)
+        return
+    with contextlib.suppress(OSError):  # published; a leftover link name is harmless
+        os.unlink(tmp)
+
+
+def _write_error(p: Path, exc: OSError) -> InputError:
+    if exc.errno in _NO_SPACE:
+        return InputError(p, f"no space left to write ({os.strerror(exc.errno)}); nothing was written")
+    return InputError(p, f"cannot write: {exc.strerror or exc}")
+
+
+def _sweep_leftovers(p: Path) -> None:
+    """Remove temp files of ``p`` left by a killed writer on this host (its pid is gone)."""
+    prefix = f".{p.name}.tmp-"
+    host = _tag().split("-")[0]
+    try:
+        names = [n for n in os.listdir(p.parent) if n.startswith(prefix)]
+    except OSError:
+        return
+    for n in names:
+        parts = n[len(prefix):].split("-")
+        if len(parts) < 3 or parts[0] != host or not parts[1].isdigit():
+            continue
+        pid = int(parts[1])
+        if pid == os.getpid() or _alive(pid):
+            continue
+        with contextlib.suppress(OSError):
+            os.unlink(p.parent / n)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # EPERM: it exists, owned by someone else
+        return True
+    return True
 
 
 def write_bytes_atomic(path: str | Path, data: bytes, force: bool = False) -> None:

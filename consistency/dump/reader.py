@@ -8,7 +8,6 @@ one interface, which is all that compare and diagnose ever see.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import zipfile
@@ -18,12 +17,14 @@ from pathlib import Path
 import numpy as np
 from pydantic import ValidationError
 
+from consistency.contract.io import env_limit, strict_json, validation_line
 from consistency.contract.models import DumpMetadata
 from consistency.dump import dtypes, names, npz_io, safetensors_io
 from consistency.errors import InputError
 
 META_KEY = "consistency"
-MAX_IN_MEMORY_FORTRAN = 2 * 1024**3
+MAX_IN_MEMORY_FORTRAN = 1024**3  # CONSISTENCY_MAX_FORTRAN_BYTES: Fortran-ordered members are reordered in memory
+MAX_META_TEXT = 16 * 1024 * 1024  # CONSISTENCY_MAX_META_BYTES
 
 
 class TensorView:
@@ -80,8 +81,8 @@ class TensorView:
     def _read_base_rows(self, start: int, stop: int) -> np.ndarray:
         n = stop - start
         if self._array is not None:
-            flat = self._array.reshape(-1, self._base_cols) if self._array.size else self._array.reshape(0, self._base_cols)
-            return flat[start:stop]
+            base_rows = self._array.size // self._base_cols if self._base_cols else self.rows
+            return self._array.reshape(base_rows, self._base_cols)[start:stop]
         buf = np.empty((n, self._base_cols), dtype=self._storage)
         if buf.nbytes == 0:
             return buf
@@ -148,15 +149,19 @@ class Dump:
         self._fds.append(fd)
         try:
             magic = os.pread(fd, 4, 0)
+            if self.path.suffix in (".pt", ".pth", ".bin", ".pkl", ".pickle", ".ckpt", ".gz"):
+                raise InputError(self.path, "is a pickle-based file; use `consistency convert` (weights_only) first")
             if magic[:4] == b"PK\x03\x04" or (magic[:2] == b"PK" and self.path.suffix == ".npz"):
                 self.format = "npz"
                 self._open_npz(fd)
-            elif self.path.suffix in (".pt", ".pth", ".bin", ".pkl", ".pickle", ".ckpt", ".gz"):
-                raise InputError(self.path, "is a pickle-based file; use `consistency convert` (weights_only) first")
+            elif self.path.suffix == ".npz":
+                raise InputError(self.path, f"not a .npz (zip) archive: it starts with {magic[:4]!r}, not PK")
             else:
                 self.format = "safetensors"
                 self._open_safetensors(fd)
             self._apply_metadata_dtypes()
+            if not self.tensors:  # nothing to compare must never read as "nothing differs"
+                raise InputError(self.path, f"holds no tensors (an empty {self.format} file)")
         except BaseException:
             self.close()
             raise
@@ -173,28 +178,27 @@ class Dump:
             self.metadata = parse_metadata(self.path, text)
 
     def _open_npz(self, fd: int) -> None:
-        zf, members, meta_json = npz_io.scan(self.path, fd)
-        self._zip = zf
+        members, meta_json = npz_io.scan(self.path, fd)
         for name, m in members.items():
             dt = dtypes.from_numpy(m.dtype).name
             if m.fortran:
-                self.tensors[name] = self._fortran_member(zf, m, dt)
+                self.tensors[name] = self._fortran_member(m, dt)
             elif m.data_offset is not None:
                 self.tensors[name] = TensorView(name, dt, m.shape, m.dtype, fd, m.data_offset, self.path)
             else:
-                sfd = npz_io.spill(self.path, zf, m)
+                sfd = npz_io.spill(self.path, m)
                 self._fds.append(sfd)
                 self.tensors[name] = TensorView(name, dt, m.shape, m.dtype, sfd, 0, self.path)
         if meta_json is not None:
             self.metadata = parse_metadata(self.path, meta_json)
 
-    def _fortran_member(self, zf: zipfile.ZipFile, m: npz_io.Member, dt: str) -> TensorView:
+    def _fortran_member(self, m: npz_io.Member, dt: str) -> TensorView:
         nbytes = math.prod(m.shape) * m.dtype.itemsize
-        if nbytes > MAX_IN_MEMORY_FORTRAN:
-            raise InputError(self.path, f"member {m.name!r} is Fortran-ordered and too large to reorder in memory")
-        with zf.open(m.info) as fp:
-            fp.read(m.header_len)
-            data = fp.read(nbytes)
+        limit = env_limit("MAX_FORTRAN_BYTES", MAX_IN_MEMORY_FORTRAN)
+        if nbytes > limit:
+            raise InputError(self.path, f"member {m.name!r} is Fortran-ordered and {nbytes} bytes, over the "
+                             f"{limit}-byte bound for reordering in memory (CONSISTENCY_MAX_FORTRAN_BYTES)")
+        data = npz_io.read_member(self.path, m)
         if len(data) != nbytes:
             raise InputError(self.path, f"truncated member {m.name!r}")
         arr = np.frombuffer(data, dtype=m.dtype).reshape(m.shape[::-1]).T
@@ -251,18 +255,21 @@ class Dump:
 
 
 def parse_metadata(path: Path, text: str) -> DumpMetadata:
+    """Validated metadata from untrusted JSON text (strict: no NaN, no duplicates, bounded)."""
+    limit = env_limit("MAX_META_BYTES", MAX_META_TEXT)
+    if len(text) > limit:
+        raise InputError(path, f"metadata is {len(text)} characters, over the {limit} limit (CONSISTENCY_MAX_META_BYTES)")
     try:
-        obj = json.loads(text)
+        obj = strict_json(text)
     except ValueError as exc:
-        raise InputError(path, f"metadata is not valid JSON ({exc})") from None
+        msg = str(exc)
+        raise InputError(path, f"metadata is {msg}" if msg.startswith("not valid JSON") else f"metadata refused: {msg}") from None
     if not isinstance(obj, dict):
         raise InputError(path, "metadata is not a JSON object")
     try:
         return DumpMetadata.model_validate(obj)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        loc = ".".join(str(x) for x in err["loc"]) or "(root)"
-        raise InputError(path, f"invalid metadata at {loc}: {err['msg']}") from None
+        raise InputError(path, f"invalid metadata at {validation_line(exc)}") from None
 
 
 def open_dump(path: str | Path) -> Dump:

@@ -21,6 +21,7 @@ from typing import BinaryIO
 
 import numpy as np
 
+from consistency.contract.io import env_limit, strict_json
 from consistency.dump import dtypes
 from consistency.errors import InputError
 
@@ -48,7 +49,11 @@ class Header:
 
 
 def open_regular(path: Path) -> int:
-    """Open a path for reading, refusing directories, devices, FIFOs and sockets."""
+    """Open a path for reading, refusing directories, devices, FIFOs and sockets.
+
+    ``stat`` first, so a device is never even opened; then open non-blocking and check the
+    open descriptor again, so a path swapped for a FIFO in between cannot hang the read.
+    """
     try:
         st = os.stat(path)
     except FileNotFoundError:
@@ -56,26 +61,28 @@ def open_regular(path: Path) -> int:
     except PermissionError:
         raise InputError(path, "permission denied") from None
     except OSError as exc:
-        raise InputError(path, f"cannot stat: {exc.strerror}") from None
-    if stat.S_ISDIR(st.st_mode):
-        raise InputError(path, "is a directory, expected a dump file")
-    if not stat.S_ISREG(st.st_mode):
-        raise InputError(path, "is not a regular file (device, FIFO or socket)")
+        raise InputError(path, f"cannot stat: {exc.strerror or exc}") from None
+    _regular(path, st.st_mode)
     try:
-        return os.open(path, os.O_RDONLY)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0))
     except PermissionError:
         raise InputError(path, "permission denied") from None
     except OSError as exc:
-        raise InputError(path, f"cannot open: {exc.strerror}") from None
+        raise InputError(path, f"cannot open: {exc.strerror or exc}") from None
+    try:
+        _regular(path, os.fstat(fd).st_mode)
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
-def _no_duplicates(pairs: list[tuple[str, object]]) -> dict[str, object]:
-    out: dict[str, object] = {}
-    for k, v in pairs:
-        if k in out:
-            raise ValueError(f"duplicate name {k!r} in header")
-        out[k] = v
-    return out
+def _regular(path: Path, mode: int) -> None:
+    if stat.S_ISDIR(mode):
+        raise InputError(path, "is a directory, expected a dump file")
+    if not stat.S_ISREG(mode):
+        raise InputError(path, "is not a regular file (device, FIFO or socket)")
 
 
 def _int(v: object) -> bool:
@@ -89,21 +96,23 @@ def parse_header(path: Path, fd: int) -> Header:
     (n,) = struct.unpack("<Q", os.pread(fd, 8, 0))
     if n == 0:
         raise InputError(path, "corrupt safetensors header: length 0")
-    if n > MAX_HEADER_BYTES:
-        raise InputError(path, f"corrupt or hostile safetensors header: claims {n} bytes (limit {MAX_HEADER_BYTES})")
+    limit = env_limit("MAX_HEADER_BYTES", MAX_HEADER_BYTES)
+    if n > limit:
+        raise InputError(path, f"corrupt or hostile safetensors header: claims {n} bytes (limit {limit}, "
+                         "CONSISTENCY_MAX_HEADER_BYTES)")
     if 8 + n > size:
         raise InputError(path, f"truncated: header claims {n} bytes but the file has {size - 8} after the length")
     raw = os.pread(fd, n, 8)
+    if len(raw) != n:
+        raise InputError(path, f"truncated: the header is {n} bytes but only {len(raw)} could be read")
     try:
-        text = raw.decode("utf-8")
-        obj = json.loads(text, object_pairs_hook=_no_duplicates)
-    except UnicodeDecodeError:
-        raise InputError(path, "corrupt safetensors header: not UTF-8") from None
+        obj = strict_json(raw)
     except ValueError as exc:
         raise InputError(path, f"corrupt safetensors header: {exc}") from None
     if not isinstance(obj, dict):
         raise InputError(path, "corrupt safetensors header: not a JSON object")
-    meta = obj.pop("__metadata__", None) or {}
+    meta = obj.pop("__metadata__", None)
+    meta = {} if meta is None else meta
     if not isinstance(meta, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in meta.items()):
         raise InputError(path, "corrupt safetensors header: __metadata__ must map strings to strings")
     if len(obj) > MAX_TENSORS:

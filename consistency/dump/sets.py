@@ -19,6 +19,12 @@ from consistency.errors import InputError
 def open_side(spec: str | Path, layer_ids: Sequence[int] | None = None, convention: str | None = None) -> Dump:
     """The Dump for ``spec``; foreign training files are mapped onto the dump's names."""
     p = Path(spec)
+    try:
+        p.stat()
+    except FileNotFoundError:
+        pass  # may name a rank set (NAME.rank*-of*.EXT) or a glob
+    except OSError:
+        return Dump(p)  # unreadable or untraversable: the loader says so in one line
     from consistency.dump.ranks import RankDump, rank_files
 
     ranks = rank_files(spec)
