@@ -94,8 +94,13 @@ def plain_read(paths: list[Path]) -> float:
     return time.perf_counter() - t
 
 
+# the CLI, then its own peak RSS (VmHWM) on stderr: ru_maxrss would include this parent's size
+HWM_WRAPPER = ("import sys\nfrom consistency.cli import run\ntry:\n    run(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
+               "print('VmHWM', next(int(x.split()[1]) for x in open('/proc/self/status') if x.startswith('VmHWM:')),"
+               " file=sys.stderr)")
+
 NAIVE = r"""
-import sys, time, torch, resource
+import sys, time, torch
 from safetensors.torch import load_file
 t = time.perf_counter()
 ref = load_file(sys.argv[1]); cand = load_file(sys.argv[2])
@@ -105,7 +110,8 @@ for cn, c in cand.items():
     for rn, r in refs.items():
         rel = ((c - r) ** 2).sum() / ((c * c).sum() + (r * r).sum())
         cos = (c * r).sum() / (c.norm() * r.norm())
-print(time.perf_counter() - t, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+print(time.perf_counter() - t)
+print("VmHWM", next(int(x.split()[1]) for x in open("/proc/self/status") if x.startswith("VmHWM:")), file=sys.stderr)
 """
 
 
@@ -126,7 +132,8 @@ def run_child(args: list[str]) -> tuple[float, float, str]:
     proc.returncode = code
     if code not in (0, 1):
         raise SystemExit(f"{args[:3]} failed: {err[-2000:]}")
-    return wall, usage.ru_maxrss / 1024, out
+    hwm = [int(x.split()[1]) for x in err.splitlines() if x.startswith("VmHWM ")]
+    return wall, (hwm[-1] if hwm else usage.ru_maxrss) / 1024, out
 
 
 def measure(out: Path, layers: int, tokens: int, hidden: int, naive: bool, repeat: int) -> dict:
@@ -134,7 +141,7 @@ def measure(out: Path, layers: int, tokens: int, hidden: int, naive: bool, repea
     ref, cand = build(out, layers, tokens, hidden, slots)
     size = ref.stat().st_size + cand.stat().st_size
     files = [ref, cand]
-    cmd = [sys.executable, "-m", "consistency", "compare", str(ref), str(cand), "--json", str(out / "report.json"),
+    cmd = [sys.executable, "-c", HWM_WRAPPER, "compare", str(ref), str(cand), "--json", str(out / "report.json"),
            "--force", "-q"]
     row = {"layers": layers, "tokens": tokens, "hidden": hidden, "bytes": size}
     for cache in ("cold", "hot"):
@@ -155,6 +162,8 @@ def measure(out: Path, layers: int, tokens: int, hidden: int, naive: bool, repea
     rep = json.loads((out / "report.json").read_text())
     row.update(identified=[s["identified_stream"] for s in rep["slots"]], expected_slots=slots)
     help_t = min(run_child([sys.executable, "-m", "consistency", "--help"])[0] for _ in range(3))
+    chelp_t = min(run_child([sys.executable, "-m", "consistency", "compare", "--help"])[0] for _ in range(3))
+    row.update(compare_help_s=round(chelp_t, 3))
     torch_t = min(run_child([sys.executable, "-c", "import torch"])[0] for _ in range(3))
     row.update(help_s=round(help_t, 3), import_torch_s=round(torch_t, 3))
     if naive:

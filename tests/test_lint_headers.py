@@ -47,9 +47,12 @@ def rchar():
 
 req = LintRequest(draft=sys.argv[1], target=sys.argv[2], runtime="vllm@0.33.0", trained_with="speculators:2,40,77")
 run_lint(req)                        # warm-up: lazy imports read .pyc files
-before, rss = rchar(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+def hwm():  # VmHWM: unlike ru_maxrss, not inherited from the forking parent across exec
+    return next(int(x.split()[1]) for x in open("/proc/self/status") if x.startswith("VmHWM:"))
+
+before, rss = rchar(), hwm()
 rep = run_lint(req)
-print(json.dumps({"read": rchar() - before, "rss_growth_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss,
+print(json.dumps({"read": rchar() - before, "rss_growth_kb": hwm() - rss,
                   "verdict": rep.verdict, "serving": rep.serving_streams, "torch": sys.modules["torch"] is None,
                   "voc": [r.status for r in rep.rules if r.code.startswith("VOC")]}))
 """

@@ -43,9 +43,11 @@ def _pair(tmp: Path, tokens: int, layers: int = 8) -> tuple[Path, Path]:
 
 
 def _peak_rss_mb(ref: Path, cand: Path, env: dict[str, str]) -> float:
-    code = ("import resource, sys\nfrom consistency.cli import run\n"
+    # VmHWM, not ru_maxrss: ru_maxrss keeps the high-water mark of the forking parent across
+    # exec, so a child of a large pytest process would report the parent's size.
+    code = ("import sys\nfrom consistency.cli import run\n"
             "try:\n    run(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
-            "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)")
+            "print(next(int(x.split()[1]) for x in open('/proc/self/status') if x.startswith('VmHWM:')))")
     r = subprocess.run([sys.executable, "-c", code, "compare", str(ref), str(cand), "-q"], capture_output=True,
                        text=True, env={**os.environ, **env}, check=True)
     assert "shifted by 1 slot" in r.stdout

@@ -34,6 +34,8 @@ def parse_sets(values: tuple[str, ...]) -> dict[str, bool]:
               "speculative_tokens, else 3); SGLang's --speculative-num-steps.")
 @click.option("--max-drop", type=float, default=5.0, show_default=True, metavar="POINTS",
               help="Fail (exit 1) when top-1 accuracy or acceptance rate falls by more than this many points.")
+@click.option("--min-acceptance", type=float, metavar="FRACTION",
+              help="Also fail when the candidate's predicted acceptance rate is below this (0..1).")
 @click.option("--feed", type=click.Choice(["auto", "own", "teacher"]), default="auto", show_default=True,
               help="Chained steps get the draft's own proposals (runtimes) or the recorded tokens (speculators' TTT); "
                    "auto: own on the target's own greedy text, else recorded.")
@@ -45,13 +47,14 @@ def parse_sets(values: tuple[str, ...]) -> dict[str, bool]:
 @click.option("--quiet", "-q", is_flag=True, help="Print only the verdict line.")
 @click.option("--force", is_flag=True, help="Overwrite an existing report file.")
 def replay(reference: str, candidate: str, draft: str, target: str | None, steps: int | None, max_drop: float,
-           feed: str, labels: str, sets: tuple[str, ...], json_out: str | None, quiet: bool, force: bool) -> None:
+           min_acceptance: float | None, feed: str, labels: str, sets: tuple[str, ...], json_out: str | None,
+           quiet: bool, force: bool) -> None:
     """Run the real draft on the aux states of REFERENCE (what it was trained on) and of
     CANDIDATE (what the server feeds it), score both against the target's own next tokens
     and report the predicted acceptance side by side.
 
-    Exit code 0 when the candidate is within --max-drop points of the reference, 1 when it
-    falls further, 2 for bad usage or unreadable input.
+    Exit code 0 when the candidate is within --max-drop points of the reference (and above
+    --min-acceptance), 1 when it is not, 2 for bad usage or unreadable input.
     """
     from consistency.dump.atomic import check_writable, write_text_atomic
     from consistency.replay.assets import resolve_draft
@@ -63,7 +66,8 @@ def replay(reference: str, candidate: str, draft: str, target: str | None, steps
         raise UsageError("--max-drop must be >= 0")
     if json_out and json_out != "-":
         check_writable(json_out, force)
-    rep = run_replay(resolve_draft(draft), target, reference, candidate, steps, max_drop, feed, labels, parse_sets(sets))
+    rep = run_replay(resolve_draft(draft), target, reference, candidate, steps, max_drop, feed, labels, parse_sets(sets),
+                     min_acceptance)
     text = rep.model_dump_json(indent=2)
     if json_out == "-":
         sys.stdout.write(text + "\n")

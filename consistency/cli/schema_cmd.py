@@ -14,7 +14,8 @@ import click
 @click.option("--check", is_flag=True, help="Exit 1 if the files in --out differ from the models.")
 def schema(out_dir: Path, check: bool) -> None:
     """Write (or --check) the JSON Schemas of the contract, dump metadata and reports."""
-    from consistency.contract.schema import all_schemas, write
+    from consistency.contract.schema import all_schemas
+    from consistency.dump.atomic import write_text_atomic
 
     if check:
         stale = [n for n, text in all_schemas().items()
@@ -22,5 +23,7 @@ def schema(out_dir: Path, check: bool) -> None:
         for n in stale:
             click.echo(f"{out_dir / n}: out of date; run `consistency schema`", err=True)
         sys.exit(1 if stale else 0)
-    for p in write(out_dir):
-        click.echo(str(p))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for name, text in all_schemas().items():  # atomic; regenerating may always replace them
+        write_text_atomic(out_dir / name, text, force=True)
+        click.echo(str(out_dir / name))

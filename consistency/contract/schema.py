@@ -7,7 +7,6 @@ and fails when the checked-in copies drift, so the schemas can never silently li
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 from pydantic import BaseModel
 
@@ -47,16 +46,3 @@ def _load_report_models() -> None:
             importlib.import_module(mod)
         except ImportError:
             continue
-
-
-def write(out_dir: Path) -> list[Path]:
-    """Write every schema atomically; regenerating them is always allowed to replace them."""
-    from consistency.dump.atomic import write_text_atomic
-
-    out_dir.mkdir(parents=True, exist_ok=True)
-    written = []
-    for name, text in all_schemas().items():
-        p = out_dir / name
-        write_text_atomic(p, text, force=True)
-        written.append(p)
-    return written

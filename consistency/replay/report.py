@@ -1,0 +1,92 @@
+"""The replay report: what the draft would do on each side, and what the difference costs.
+
+Pydantic only (no torch), so ``consistency schema`` can publish it and a CI gate can read
+it. Its finding codes live in the shared registry (consistency/contract/findings.py).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from consistency.contract import findings as F
+from consistency.contract.schema import register
+
+REPLAY_CODES = tuple(F.CODES[c] for c in ("ACCEPTANCE_DROP", "ACCEPTANCE_LOW", "DRAFT_WEAK", "REPLAY_ESTIMATE"))
+
+
+class StepStats(BaseModel):
+    step: int = Field(description="1-based position in the draft chain")
+    reached: int = Field(description="Anchors whose earlier steps were all accepted")
+    accepted: int
+    conditional: float | None = Field(None, description="accepted / reached (vLLM's per-position acceptance)")
+    cumulative: float | None = Field(None, description="Share of anchors whose steps 1..step were all accepted")
+
+
+class SideReplay(BaseModel):
+    path: str
+    tokens: int
+    anchors: int = Field(description="Positions that start a chain of all `steps` draft steps")
+    slots: list[str]
+    claimed_streams: list[int] | None = None
+    aux_dtype: str | None = None
+    label_source: Literal["logits", "target", "input_ids"]
+    greedy_agreement: float | None = Field(None, description="Share of positions whose next recorded token is the target's own")
+    top1: float = Field(description="Step-1 top-1 accuracy against the target's next token")
+    acceptance_rate: float = Field(description="Accepted draft tokens over drafted tokens, greedy verification")
+    accept_length: float = Field(description="Mean tokens per verification step, bonus token included (1..steps+1)")
+    per_step: list[StepStats]
+    hits: list[int] = Field(default_factory=list, description="Step-1 hit (1) or miss (0) per position")
+
+
+class DraftSummary(BaseModel):
+    path: str
+    layout: str
+    hidden_size: int
+    target_hidden_size: int
+    num_aux: int
+    num_layers: int
+    draft_vocab_size: int
+    target_vocab_size: int
+    norm_before_residual: bool
+    norm_before_fc: bool
+    fc_norm: bool
+    norm_output: bool
+    aux_layer_ids: list[int] | None = None
+    aux_ids_meaning: str | None = None
+    sources: dict[str, str] = Field(default_factory=dict, description="Where embed_tokens, lm_head and d2t came from")
+
+
+class Drop(BaseModel):
+    top1_points: float = Field(description="Reference minus candidate, percentage points")
+    acceptance_points: float
+    accept_length: float = Field(description="Reference minus candidate, tokens per step")
+    speedup_ratio: float | None = Field(None, description="Candidate accept length over the reference's")
+    lost: int = Field(0, description="Positions the draft got right on the reference and wrong on the candidate")
+    gained: int = Field(0, description="Positions wrong on the reference and right on the candidate")
+
+
+class ReplayReport(BaseModel):
+    """The JSON report of ``consistency replay`` (schemas/replay-report.schema.json)."""
+
+    tool: Literal["consistency"] = "consistency"
+    kind: Literal["replay"] = "replay"
+    version: str
+    verdict: Literal["pass", "fail"]
+    summary: str
+    steps: int
+    feed: Literal["own", "teacher"] = Field("own", description="What chained steps were fed: the draft's own proposals or the recorded tokens")
+    max_drop_points: float
+    min_acceptance: float | None = Field(None, description="Required floor on the candidate's acceptance rate (0..1)")
+    draft: DraftSummary
+    target: str | None = None
+    reference: SideReplay
+    candidate: SideReplay
+    drop: Drop
+    findings: list[F.Finding] = Field(default_factory=list)
+    notes: list[str] = Field(default_factory=list)
+    seconds: float | None = None
+
+
+register("replay-report.schema.json", ReplayReport)

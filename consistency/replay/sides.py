@@ -1,0 +1,125 @@
+"""Read one side of a replay: its tokens, its aux slots (as the draft gets them), its labels.
+
+Aux slots are found the way ``consistency compare`` finds them
+(:func:`consistency.compare.align.describe_side`: ``aux.{i}`` tensors, or one concatenated
+``aux`` split by the claimed stream count or the hidden size), concatenated in slot order
+on the last dim: the ``cat(aux, -1)`` a runtime hands the draft's ``fc``.
+
+Labels are the target's own next tokens: the argmax of the dump's ``logits`` when it has
+them, else of a forward of the target on the dump's ``input_ids``, else (no target) the
+recorded next token, which is the target's own only on a greedily generated dump.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from consistency.compare.align import describe_side
+from consistency.dump import names
+from consistency.dump.reader import Dump, TensorView
+from consistency.dump.sets import open_side
+from consistency.errors import InputError
+
+CHUNK_ROWS = 4096
+
+
+@dataclass
+class Side:
+    path: Path
+    ids: torch.Tensor  # [T] int64
+    aux: torch.Tensor  # [T, n*H] float32
+    slots: list[str]
+    claimed: list[int] | None
+    aux_dtype: str
+    labels: torch.Tensor  # [T] target's next token after ids[:p+1]
+    label_source: str
+    greedy_agreement: float | None
+
+
+def _rows(view: TensorView) -> torch.Tensor:
+    parts = [view.rows_float(s, min(view.rows, s + CHUNK_ROWS)) for s in range(0, view.rows, CHUNK_ROWS)]
+    arr = np.concatenate(parts) if parts else np.zeros((0, view.cols), np.float32)
+    return torch.from_numpy(np.ascontiguousarray(arr, dtype=np.float32))
+
+
+def token_ids(d: Dump) -> torch.Tensor:
+    if names.INPUT_IDS not in d:
+        raise InputError(d.path, "has no 'input_ids': replay needs the tokens the aux states were computed on")
+    v = d[names.INPUT_IDS]
+    if v.is_float:
+        raise InputError(d.path, f"'input_ids' is {v.dtype}, expected an integer tensor")
+    shape = v.shape
+    if len(shape) == 2 and shape[0] == 1:
+        shape = shape[1:]
+    if len(shape) != 1:
+        raise InputError(d.path, f"'input_ids' has shape {list(v.shape)}; replay reads one sequence per dump")
+    ids = np.asarray(v.read_all()).reshape(-1).astype(np.int64)
+    if len(ids) < 2:
+        raise InputError(d.path, "needs at least 2 tokens to replay")
+    return torch.from_numpy(ids)
+
+
+def read_side(path: str | Path, num_aux: int, width: int, target: Any | None, labels: str = "auto",
+              cache: dict[bytes, torch.Tensor] | None = None) -> Side:
+    """``num_aux`` slots of ``width`` are what the draft's ``fc`` takes (n x H_target);
+    ``cache`` shares target labels between dumps of the same tokens (one forward, not two)."""
+    p = Path(path)
+    with open_side(p) as d:  # dumps, rank sets, speculators hs_*.safetensors, SpecForge .ckpt
+        ids = token_ids(d)
+        info = describe_side(d, width, num_aux)
+        if not info.slots:
+            raise InputError(p, "has no aux slots ('aux.{i}' or a concatenated 'aux') to feed the draft")
+        widths = {v.cols for v in info.slots}
+        if len(info.slots) != num_aux or widths != {width}:
+            raise InputError(p, f"holds {len(info.slots)} aux slot(s) of width {sorted(widths)}; the draft's fc takes "
+                                f"{num_aux} of {width} (cat(aux) {num_aux * width} wide)")
+        t = len(ids)
+        for v in info.slots:
+            if v.rows != t:
+                raise InputError(p, f"{v.name!r} has {v.rows} rows but 'input_ids' has {t} tokens")
+        aux = torch.cat([_rows(v) for v in info.slots], dim=-1)
+        if not torch.isfinite(aux).all():
+            raise InputError(p, "aux slots hold NaN or Inf values")
+        dtype = info.slots[0].dtype
+        y, source = _labels(d, ids, target, labels, cache if cache is not None else {})
+    agree = None if source == "input_ids" else float((ids[1:] == y[:-1]).float().mean())
+    return Side(p, ids, aux, [v.name for v in info.slots], info.claimed_streams, dtype, y, source, agree)
+
+
+def _labels(d: Dump, ids: torch.Tensor, target: Any | None, mode: str,
+            cache: dict[bytes, torch.Tensor]) -> tuple[torch.Tensor, str]:
+    t = len(ids)
+    if mode in ("auto", "logits") and names.LOGITS in d:
+        v = d[names.LOGITS]
+        if v.rows != t:
+            raise InputError(d.path, f"'logits' has {v.rows} rows but 'input_ids' has {t} tokens")
+        out = [torch.from_numpy(v.rows_float(s, min(t, s + 512))).argmax(-1) for s in range(0, t, 512)]
+        return torch.cat(out), "logits"
+    if mode == "logits":
+        raise InputError(d.path, "has no 'logits' (--labels logits)")
+    if mode in ("auto", "target") and target is not None:
+        key = ids.numpy().tobytes()
+        if key not in cache:
+            cache[key] = target_next_tokens(target, ids)
+        return cache[key], "target"
+    if mode == "target":
+        raise InputError(d.path, "--labels target needs --target")
+    y = torch.empty_like(ids)
+    y[:-1] = ids[1:]
+    y[-1] = -1  # unknown: the last position has no recorded next token
+    return y, "input_ids"
+
+
+@torch.no_grad()
+def target_next_tokens(target: Any, ids: torch.Tensor) -> torch.Tensor:
+    """The target's greedy next token at every position (one forward, fp32 on CPU)."""
+    vocab = int(getattr(getattr(target.config, "text_config", None) or target.config, "vocab_size", 0) or 0)
+    if vocab and int(ids.max()) >= vocab:
+        raise InputError(None, f"token id {int(ids.max())} is outside the target's vocabulary of {vocab}")
+    out = target(input_ids=ids[None])
+    return out.logits[0].argmax(-1)
