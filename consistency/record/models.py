@@ -50,9 +50,15 @@ def load_model(spec: str, dtype: str = "float32", seed: int = DEFAULT_SEED, gguf
     p = Path(spec)
     if not p.is_dir():
         raise InputError(p, f"not a built-in model ({', '.join(builtin_names())}) nor a local model directory")
+    import sys
+
     import torch
     from transformers import AutoModelForCausalLM
 
+    if not sys.stderr.isatty():  # no progress bars in CI logs: stderr stays one line per problem
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
     kw: dict[str, Any] = {"local_files_only": True, "dtype": getattr(torch, dtype)}
     if gguf_file:
         kw["gguf_file"] = gguf_file
