@@ -173,14 +173,19 @@ class SimilarityMatrix(BaseModel):
     identified: list[str | None]
 
 
-class CompareReport(BaseModel):
-    """The JSON report of ``consistency compare`` (schema in schemas/compare-report.schema.json)."""
+class ReportHeader(BaseModel):
+    """What every report starts with, so a CI script can read any of them the same way."""
 
     tool: Literal["consistency"] = "consistency"
-    kind: Literal["compare"] = "compare"
     version: str
     verdict: Literal["pass", "fail"]
     summary: str
+
+
+class CompareReport(ReportHeader):
+    """The JSON report of ``consistency compare`` (schema in schemas/compare-report.schema.json)."""
+
+    kind: Literal["compare"] = "compare"
     reference: DumpSummary
     candidate: DumpSummary
     slots: list[SlotReport] = Field(default_factory=list)

@@ -11,7 +11,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from consistency.contract import schema
-from consistency.contract.findings import Severity
+from consistency.contract.findings import ReportHeader, Severity
 
 
 class Location(BaseModel):
@@ -78,12 +78,8 @@ class Inputs(BaseModel):
     trained_with: str | None = None
 
 
-class LintReport(BaseModel):
-    tool: Literal["consistency"] = "consistency"
+class LintReport(ReportHeader):
     kind: Literal["lint"] = "lint"
-    version: str
-    verdict: Literal["pass", "fail"]
-    summary: str
     inputs: Inputs
     training_streams: list[int | None] | None = None
     training_source: str | None = None

@@ -11,6 +11,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from consistency.contract import findings as F
+from consistency.contract.findings import ReportHeader
 from consistency.contract.schema import register
 
 REPLAY_CODES = tuple(F.CODES[c] for c in ("ACCEPTANCE_DROP", "ACCEPTANCE_LOW", "DRAFT_WEAK", "REPLAY_ESTIMATE"))
@@ -67,14 +68,10 @@ class Drop(BaseModel):
     gained: int = Field(0, description="Positions wrong on the reference and right on the candidate")
 
 
-class ReplayReport(BaseModel):
+class ReplayReport(ReportHeader):
     """The JSON report of ``consistency replay`` (schemas/replay-report.schema.json)."""
 
-    tool: Literal["consistency"] = "consistency"
     kind: Literal["replay"] = "replay"
-    version: str
-    verdict: Literal["pass", "fail"]
-    summary: str
     steps: int
     feed: Literal["own", "teacher"] = Field("own", description="What chained steps were fed: the draft's own proposals or the recorded tokens")
     max_drop_points: float
