@@ -34,22 +34,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
-from test_lint_support import eagle3_tensors, llama_target, speculators_config, write_checkpoint  # noqa: E402
+from test_lint_support import big_draft  # noqa: E402
 
-BIG = dict(h=8192, ht=8192, vt=128256, vd=32000, inter=28672, heads=64, kv=8)
-
-
-def build(tmp: Path) -> tuple[Path, Path]:
-    d = tmp / "draft-70b"
-    d.mkdir()
-    cfg = speculators_config(h=8192, vt=128256, vd=32000, ids=[2, 40, 77])
-    cfg["transformer_layer_config"].update(intermediate_size=28672, num_attention_heads=64, num_key_value_heads=8,
-                                           head_dim=128)
-    (d / "config.json").write_text(json.dumps(cfg))
-    write_checkpoint(d / "model.safetensors", eagle3_tensors(layout="speculators", **BIG))
-    tgt = tmp / "target.json"
-    tgt.write_text(json.dumps(llama_target(n=80, h=8192, vt=128256)))
-    return d, tgt
+build = big_draft  # the same sparse 70B-shaped draft the header-only test uses
 
 
 def rchar() -> int | None:

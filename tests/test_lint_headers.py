@@ -16,23 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from test_lint_support import ROOT, eagle3_tensors, llama_target, speculators_config, write_checkpoint
-
-BIG = dict(h=8192, ht=8192, vt=128256, vd=32000, inter=28672, heads=64, kv=8)
-
-
-def big_draft(tmp: Path) -> tuple[Path, Path]:
-    d = tmp / "draft-70b"
-    d.mkdir()
-    cfg = speculators_config(h=8192, vt=128256, vd=32000, ids=[2, 40, 77])
-    cfg["transformer_layer_config"].update(intermediate_size=28672, num_attention_heads=64, num_key_value_heads=8,
-                                           head_dim=128)
-    (d / "config.json").write_text(json.dumps(cfg))
-    write_checkpoint(d / "model.safetensors", eagle3_tensors(layout="speculators", **BIG))
-    tgt = tmp / "target.json"
-    tgt.write_text(json.dumps(llama_target(n=80, h=8192, vt=128256)))
-    return d, tgt
-
+from test_lint_support import ROOT, big_draft
 
 _PROBE = r"""
 import json, resource, sys

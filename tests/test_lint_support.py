@@ -201,3 +201,20 @@ def test_config_builders_match_the_committed_real_format_fixtures() -> None:
     assert spec["eagle_aux_hidden_state_layer_ids"] == [2, 16, 29]
     assert sglang_config()["architectures"] == ["LlamaForCausalLMEagle3"]
     assert llama_target(n=61)["num_hidden_layers"] == 61
+
+
+# A 70B-shaped speculators draft (sparse multi-GB checkpoint): lint must read only headers.
+BIG = dict(h=8192, ht=8192, vt=128256, vd=32000, inter=28672, heads=64, kv=8)
+
+
+def big_draft(tmp: Path) -> tuple[Path, Path]:
+    d = tmp / "draft-70b"
+    d.mkdir()
+    cfg = speculators_config(h=8192, vt=128256, vd=32000, ids=[2, 40, 77])
+    cfg["transformer_layer_config"].update(intermediate_size=28672, num_attention_heads=64, num_key_value_heads=8,
+                                           head_dim=128)
+    (d / "config.json").write_text(json.dumps(cfg))
+    write_checkpoint(d / "model.safetensors", eagle3_tensors(layout="speculators", **BIG))
+    tgt = tmp / "target.json"
+    tgt.write_text(json.dumps(llama_target(n=80, h=8192, vt=128256)))
+    return d, tgt

@@ -172,10 +172,6 @@ def save_speculators(draft: Eagle3Draft, out_dir: Path, aux_ids: Sequence[int], 
                      extra: dict[str, Any] | None = None, speculative_tokens: int = 3) -> Path:
     """Write ``config.json`` (Eagle3SpeculatorConfig fields) and ``model.safetensors`` with
     speculators' tensor names; ``t2d`` is derived from ``d2t`` as speculators stores it."""
-    from safetensors.torch import save_file
-
-    from consistency.dump.atomic import write_bytes_atomic
-
     out_dir.mkdir(parents=True, exist_ok=True)
     cfg = draft.cfg
     state = {k: v.detach().contiguous().clone() for k, v in draft.export_state().items()}
@@ -194,14 +190,7 @@ def save_speculators(draft: Eagle3Draft, out_dir: Path, aux_ids: Sequence[int], 
                                "verifier": {"name_or_path": verifier, "architectures": ["LlamaForCausalLM"]}},
         "transformer_layer_config": cfg.layer_config,
     }
-    if extra:
-        doc["consistency_fixture"] = extra
-    tmp = out_dir / "model.safetensors"
-    save_file(state, str(tmp.with_suffix(".partial")), metadata={"format": "pt"})
-    tmp.with_suffix(".partial").chmod(0o644)
-    tmp.with_suffix(".partial").replace(tmp)
-    write_bytes_atomic(out_dir / "config.json", (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode(), force=True)
-    return out_dir
+    return _write_checkpoint(out_dir, state, doc, extra)
 
 
 def save_sglang(draft: Eagle3Draft, out_dir: Path, layer_output_ids: Sequence[int],
@@ -209,10 +198,6 @@ def save_sglang(draft: Eagle3Draft, out_dir: Path, layer_output_ids: Sequence[in
     """Write the SGLang/SpecForge export: ``LlamaForCausalLMEagle3`` config (aux ids nested under
     ``eagle_config``, meaning layer outputs), ``midlayer.*`` names, no ``embed_tokens``
     (SpecForge ``export/to_sglang.py`` drops it; the runtime borrows the target's)."""
-    from safetensors.torch import save_file
-
-    from consistency.dump.atomic import write_bytes_atomic
-
     out_dir.mkdir(parents=True, exist_ok=True)
     cfg = draft.cfg
     state = {k.replace("layers.0.", "midlayer.", 1) if k.startswith("layers.0.") else k: v.detach().contiguous().clone()
@@ -229,11 +214,18 @@ def save_sglang(draft: Eagle3Draft, out_dir: Path, layer_output_ids: Sequence[in
            "rope_theta": (lc.get("rope_parameters") or {}).get("rope_theta", 10000.0), "tie_word_embeddings": False,
            "torch_dtype": "float32", "norm_output": cfg.norm_output,
            "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(layer_output_ids), "use_aux_hidden_state": True}}
+    return _write_checkpoint(out_dir, state, doc, extra)
+
+
+def _write_checkpoint(out_dir: Path, state: dict[str, torch.Tensor], doc: dict[str, Any],
+                      extra: dict[str, Any] | None) -> Path:
+    """Weights then config, each atomically (a reader never sees half a checkpoint)."""
+    from safetensors.torch import save
+
+    from consistency.dump.atomic import write_bytes_atomic
+
     if extra:
         doc["consistency_fixture"] = extra
-    tmp = out_dir / "model.safetensors"
-    save_file(state, str(tmp.with_suffix(".partial")), metadata={"format": "pt"})
-    tmp.with_suffix(".partial").chmod(0o644)
-    tmp.with_suffix(".partial").replace(tmp)
+    write_bytes_atomic(out_dir / "model.safetensors", save(state, metadata={"format": "pt"}), force=True)
     write_bytes_atomic(out_dir / "config.json", (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode(), force=True)
     return out_dir
