@@ -7,12 +7,22 @@ can print ``path: problem`` without a traceback and CI logs stay one line per fa
 from __future__ import annotations
 
 from pathlib import Path
+from types import ModuleType
 
 
 class ConsistencyError(Exception):
-    """Base class: anything the user can fix; the CLI maps it to exit code 2."""
+    """Base class: anything the user can fix; the CLI maps it to exit code 2.
+
+    Messages quote file names and values from files, so ``str()`` renders them inert for a
+    terminal or CI log (no escape sequences, no line that GitHub reads as a command).
+    """
 
     exit_code = 2
+
+    def __str__(self) -> str:
+        from consistency.report.escape import term
+
+        return term(super().__str__(), multiline=True)
 
 
 class InputError(ConsistencyError):
@@ -28,7 +38,9 @@ class InputError(ConsistencyError):
         super().__init__(self.one_line())
 
     def one_line(self) -> str:
-        return f"{self.path}: {self.problem}" if self.path else self.problem
+        from consistency.report.escape import term
+
+        return term(f"{self.path}: {self.problem}" if self.path else self.problem)
 
 
 class UsageError(ConsistencyError):
@@ -41,3 +53,60 @@ class OutputExistsError(ConsistencyError):
     def __init__(self, path: str | Path) -> None:
         self.path = str(path)
         super().__init__(f"{path}: output exists; pass --force to overwrite it")
+
+
+def need(extra: str, module: str, what: str = "") -> ModuleType:
+    """Import ``module`` for an optional feature, or raise one line with the install command.
+
+    ``extra`` is the ``pyproject.toml`` extra that provides it (``hf``, ``torch``, ``plots``).
+    Every lazy import of an optional dependency on a CLI path goes through here, so a
+    missing one is never a bare ModuleNotFoundError traceback.
+    """
+    import importlib
+
+    try:
+        importlib.import_module(module)
+    except ImportError as exc:
+        top = module.split(".")[0]
+        missing = getattr(exc, "name", None) or top
+        raise MissingDependency(extra, module, what, missing) from None
+    return importlib.import_module(module)
+
+
+class MissingDependency(UsageError):
+    """An optional dependency is not installed: the message carries the pip line."""
+
+    def __init__(self, extra: str, module: str, what: str = "", missing: str | None = None) -> None:
+        self.extra, self.module = extra, module
+        self.install = f"pip install 'consistency[{extra}]'"
+        why = f"{what} needs {module}" if what else f"{module} is not installed"
+        extra_note = f" (missing module: {missing})" if missing and missing != module.split(".")[0] else ""
+        super().__init__(f"{why}{extra_note}; install it with: {self.install}")
+
+
+# top-level module -> the extra that installs it (pyproject.toml [project.optional-dependencies])
+EXTRAS = {"torch": "torch", "transformers": "hf", "accelerate": "hf", "safetensors": "hf", "tokenizers": "hf",
+          "huggingface_hub": "hf", "matplotlib": "report", "transformer_lens": "interop", "nnsight": "interop",
+          "tomli": "toml"}
+
+
+# commands that run a transformers model need the hf extra whichever of its modules is missing first
+COMMAND_EXTRAS = {"record": "hf", "demo": "hf", "replay": "hf"}
+
+
+def missing_dependency(exc: ImportError, command: str | None = None) -> MissingDependency | None:
+    """The :class:`MissingDependency` for an ImportError of an optional dependency, else None
+    (a module of ours failing to import is a bug, not a missing extra)."""
+    name = (getattr(exc, "name", None) or "").split(".")[0]
+    if name not in EXTRAS:
+        return None
+    what = f"consistency {command}" if command else ""
+    if command in COMMAND_EXTRAS and EXTRAS[name] in ("torch", "hf"):
+        return MissingDependency(COMMAND_EXTRAS[command], name, what)
+    if name == "tomli":
+        err = MissingDependency("toml", "tomli", what or "reading consistency.toml on Python 3.10")
+        err.install = "pip install tomli"
+        err.args = (f"{what or 'reading consistency.toml on Python 3.10'} needs tomli; install it with: "
+                    f"{err.install}",)
+        return err
+    return MissingDependency(EXTRAS[name], name, what)

@@ -46,21 +46,21 @@ SPECS: dict[str, dict[str, list[tuple[str, str]]]] = {
     "sglang-classic-llama.patch": {
         "sglang/srt/models/llama.py": [
             after(SIG_SGL_LLAMA, _at(8, IMPORT.format(names="capture_aux, capture_input_ids"))
-             + _at(8, "capture_input_ids(input_ids)\n")),
+             + _at(8, "capture_input_ids(input_ids, positions, forward_batch)\n")),
             after(_at(16, "aux_hidden_states.append(hidden_states + residual)\n"), _at(16, CLASSIC)),
         ],
     },
     "sglang-classic-deepseek_v2.patch": {
         "sglang/srt/models/deepseek_v2.py": [
             after(SGL_DS_TOP, _at(8, IMPORT.format(names="capture_aux, capture_input_ids"))
-             + _at(8, "capture_input_ids(input_ids)\n")),
+             + _at(8, "capture_input_ids(input_ids, positions, forward_batch)\n")),
             after(_at(24, "aux_hidden_states.append(hidden_states + residual)\n"), _at(20, CLASSIC)),
         ],
     },
     "sglang-boundary-llama.patch": {
         "sglang/srt/models/llama.py": [
             after(SIG_SGL_LLAMA, _at(8, IMPORT.format(names="capture_aux_states, capture_input_ids"))
-             + _at(8, "capture_input_ids(input_ids)\n")),
+             + _at(8, "capture_input_ids(input_ids, positions, forward_batch)\n")),
             after("        if len(aux_hidden_states) == 0:\n            return hidden_states\n\n",
                   _at(8, "capture_aux_states(aux_hidden_states)\n")),
         ],
@@ -68,7 +68,7 @@ SPECS: dict[str, dict[str, list[tuple[str, str]]]] = {
     "sglang-boundary-deepseek_v2.patch": {
         "sglang/srt/models/deepseek_v2.py": [
             after(SGL_DS_TOP, _at(8, IMPORT.format(names="capture_aux_states, capture_input_ids"))
-             + _at(8, "capture_input_ids(input_ids)\n")),
+             + _at(8, "capture_input_ids(input_ids, positions, forward_batch)\n")),
             after("        if len(aux_hidden_states) == 0:\n            return hidden_states\n",
                   _at(8, "capture_aux_states(aux_hidden_states)\n")),
         ],
@@ -80,14 +80,14 @@ SPECS: dict[str, dict[str, list[tuple[str, str]]]] = {
              + _at(12, "capture_aux(len(aux_hidden_states) - 1, value, hidden_states, residual)\n")),
         ],
         "vllm/model_executor/models/llama.py": [
-            after(SIG_VLLM_LLAMA, _at(8, IMPORT.format(names="capture_input_ids")) + _at(8, "capture_input_ids(input_ids)\n")),
+            after(SIG_VLLM_LLAMA, _at(8, IMPORT.format(names="capture_input_ids")) + _at(8, "capture_input_ids(input_ids, positions)\n")),
         ],
     },
     "vllm-deepseek_v2.patch": {
         "vllm/model_executor/models/deepseek_v2.py": [
             inside("    ) -> torch.Tensor | IntermediateTensors:\n", "        if get_pp_group().is_first_rank:\n",
                    _at(8, IMPORT.format(names="capture_aux, capture_input_ids"))
-                   + _at(8, "capture_input_ids(input_ids)\n")),
+                   + _at(8, "capture_input_ids(input_ids, positions)\n")),
             after(_at(16, "aux_hidden_states.append(aux_hidden_state)\n"), _at(16, CLASSIC)),
             after("        if self.end_layer in self.aux_hidden_state_layers:\n"
                   "            aux_hidden_states.append(hidden_states + residual)\n", _at(12, CLASSIC)),

@@ -45,3 +45,29 @@ def cli(*args: str, env: dict | None = None, cwd: Path | None = None) -> subproc
 @pytest.fixture
 def tmp(tmp_path: Path) -> Path:
     return tmp_path
+
+
+
+# -- running in parallel (scripts/test runs pytest-xdist, ``--dist worksteal``) -----------------
+# Each worker gets an equal share of the cores for torch/BLAS threads, so two workers on two
+# cores do not fight over four threads. worksteal hands each worker a contiguous half of the
+# collection (a module's cached models and module fixtures are then mostly built once) and
+# rebalances at the end; new test files need nothing to take part.
+
+def _worker_threads() -> int | None:
+    n = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
+    if n <= 1:
+        return None
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - non-Linux
+        cores = os.cpu_count() or 1
+    return max(1, cores // n)
+
+
+_THREADS = _worker_threads()
+if _THREADS is not None:
+    for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        os.environ.setdefault(_var, str(_THREADS))
+    if "torch" in sys.modules:  # pragma: no cover - a plugin imported it first
+        sys.modules["torch"].set_num_threads(_THREADS)

@@ -7,6 +7,7 @@ and RLIMIT_FSIZE, under which the kernel answers writes past the limit with EFBI
 
 from __future__ import annotations
 
+import json
 import os
 import resource
 import signal
@@ -18,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from consistency.dump.atomic import atomic_write, write_text_atomic
+from consistency.dump.atomic import atomic_write, check_writable, is_report, write_text_atomic
 from consistency.dump.reader import open_dump
 from consistency.dump.writer import write_dump
 from consistency.errors import InputError, OutputExistsError
@@ -250,3 +251,49 @@ def test_a_failed_write_leaves_nothing(tmp_path):
         fh.write(b"half")
         raise ValueError("the writer broke")
     assert not out.exists() and not _temps(out)
+
+
+def test_compare_json_reruns_in_a_loop_over_its_own_report(tmp_path):
+    """The overwrite rule (docs/commands.md#outputs): a report of ours is an output, not data."""
+    good = write_dump(tmp_path / "g.safetensors", {"hidden.1": np.ones((8, 16), np.float32)})
+    report = tmp_path / "r.json"
+    for _ in range(3):
+        r = cli("compare", str(good), str(good), "-q", "--json", str(report))
+        assert r.returncode == 0, r.stderr
+        assert json.loads(report.read_text())["verdict"] == "pass"
+    for fmt, name in (("json", "l.json"), ("sarif", "l.sarif")):
+        for _ in range(2):
+            r = cli("lint", "--runtime", "sglang@0.5.12", "--serve", "python -m sglang.launch_server", "--format", fmt,
+                    "-o", str(tmp_path / name))
+            assert r.returncode in (0, 1), r.stderr
+    assert not _temps(report)
+
+
+@pytest.mark.parametrize("content", [b"", b"{}", b'{"tool": "other"}', b"<?xml version='1.0'?><testsuites/>",
+                                     b"not a report"])
+def test_a_file_that_is_not_our_report_needs_force(tmp_path, content):
+    p = tmp_path / "out.json"
+    p.write_bytes(content)
+    assert not is_report(p)
+    with pytest.raises(OutputExistsError):
+        check_writable(p, force=False)
+    with pytest.raises(OutputExistsError), atomic_write(p) as fh:
+        fh.write(b'{"tool": "consistency"}')
+    assert p.read_bytes() == content
+
+
+def test_a_dump_is_never_taken_for_a_report(tmp_path):
+    d = write_dump(tmp_path / "d.safetensors", {"hidden.1": np.ones((2, 2), np.float32)})
+    n = write_dump(tmp_path / "d.npz", {"hidden.1": np.ones((2, 2), np.float32)})
+    assert not is_report(d) and not is_report(n)
+    r = cli("compare", str(d), str(d), "-q", "--json", str(n))
+    assert r.returncode == 2 and "output exists" in r.stderr
+
+
+def test_a_fifo_or_device_is_refused_even_with_force(tmp_path):
+    fifo = tmp_path / "f"
+    os.mkfifo(fifo)
+    for target in (fifo, Path("/dev/null")):
+        for force in (False, True):
+            with pytest.raises(InputError, match="not a regular file"):
+                check_writable(target, force)

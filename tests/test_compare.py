@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from consistency.cli.compare_cmd import run_compare
+from consistency.diagnose.pipeline import run as run_compare
 from consistency.contract.findings import CompareReport
 from consistency.record.api import record_reference, record_serving
 from tests.conftest import cli, prompt_ids, tiny
@@ -143,3 +143,13 @@ def test_every_finding_code_is_documented():
     text = (ROOT / "docs" / "findings.md").read_text()
     for code in CODES.values():
         assert f"\n## {code.doc.split('#')[1]}\n" in text, code.code
+
+
+def test_every_finding_code_has_a_source_and_one_registry():
+    """One code registry: hypotheses take title and source from it, every code says where it comes from."""
+    from consistency.contract.findings import CODES
+    from consistency.diagnose.hypotheses import REGISTRY
+
+    assert all(c.source for c in CODES.values()), [c.code for c in CODES.values() if not c.source]
+    for h in REGISTRY:
+        assert h.code in CODES and h.title == CODES[h.code].title and h.source == CODES[h.code].source

@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 
 from consistency.contract import conventions as cv
+from consistency.contract import runtime_model as rm
 
 
 def test_public_api_is_unchanged() -> None:
@@ -17,7 +18,7 @@ def test_public_api_is_unchanged() -> None:
     assert r.convention.to_streams([2, 30, 58], 61) == [3, 31, 59]
     assert r.convention.from_streams([0, 3, 31], 61) == [-1, 2, 30]
     assert cv.describe_streams([0, 3, 61], 61)[0] == "the embedding"
-    assert {c.code for c in cv.REGISTRY} >= {"sglang-plus1", "sglang-deepseek", "vllm", "speculators", "specforge"}
+    assert {c.code for c in cv.REGISTRY} >= {"sglang-plus1", "sglang-deepseek", "vllm", "speculators", "specforge-hf"}
 
 
 @pytest.mark.parametrize("spec,arch,ids,streams", [
@@ -76,11 +77,11 @@ def test_capture_limits(runtime: str, version: tuple[int, ...], arch: str, first
 
 
 def test_version_points_cover_every_boundary_once() -> None:
-    pts = cv.version_points("sglang")
+    pts = rm.version_points("sglang")
     his = [hi for _lo, hi, _rep in pts]
     assert his == [(0, 5, 13), (0, 5, 14), (0, 5, 17), (0, 5, 22), None]
     for lo, hi, rep in pts:
         assert rep is None or ((lo is None or rep >= lo) and rep < hi)
-    assert cv.range_label((0, 5, 13), None) == ">=0.5.13" and cv.range_label(None, (0, 5, 13)) == "<0.5.13"
-    vpts = {hi for _lo, hi, _rep in cv.version_points("vllm")}
+    assert rm.range_label((0, 5, 13), None) == ">=0.5.13" and rm.range_label(None, (0, 5, 13)) == "<0.5.13"
+    vpts = {hi for _lo, hi, _rep in rm.version_points("vllm")}
     assert {(0, 18), (0, 22), (0, 25), (0, 28), (0, 29)} <= vpts

@@ -88,7 +88,8 @@ def test_gate_reports_every_format(tmp_path: Path) -> None:
     suites = {s.get("name"): s for s in root.iter("testsuite")}
     lint_suite = suites["lint: kimi-seed"]
     cases = {c.get("name"): c for c in lint_suite.iter("testcase")}
-    assert len(cases) == 30 and cases["IDS002 ids-stream-mismatch"].find("failure") is not None
+    assert len(cases) == len(seed["report"]["rules"])
+    assert cases["IDS002 ids-stream-mismatch"].find("failure") is not None
     assert cases["IDS002 ids-stream-mismatch"].get("file", "").endswith("seed.json")
     assert cases["VOC001 d2t-missing"].find("skipped") is not None
     shifted = {c.get("name"): c for c in suites["compare: shifted"].iter("testcase")}
@@ -200,3 +201,155 @@ def test_github_actions_environment_turns_on_annotations_and_summary(tmp_path: P
     assert errors and all("file=drafts/seed.json,line=" in line for line in errors)  # repository-relative
     assert "compare" not in summary.read_text()  # --kind lint ran the lints only
     assert cfg.is_file()
+
+
+# --- a config is someone else's file: containment, types, force (issue 15) ---
+
+@pytest.mark.parametrize("text,needle", [
+    ('json = "../escaped.json"', "points outside the config's directory"),
+    ('junit = "/tmp/consistency-gate-escape.xml"', "points outside the config's directory"),
+    ('sarif = "sub/../../escaped.sarif"', "points outside the config's directory"),
+    ('summary = "../summary.md"', "points outside the config's directory"),
+    ("force = true", "pass --force on the command line"),
+    ('fail_on = "warnings"', "fail_on = 'warnings': expected \"error\" or \"warning\""),
+    ('annotations = "no"', "annotations = 'no': expected true or false"),
+    ("json = 3", "json = 3: expected a string"),
+])
+def test_gate_section_from_the_config_is_validated(tmp_path: Path, text: str, needle: str) -> None:
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    cfg = project(proj)
+    cfg.write_text(cfg.read_text().replace('[gate]\nfail_on = "error"\n', f"[gate]\n{text}\n"))
+    r = cli("gate", "--config", str(cfg))
+    assert r.returncode == 2 and needle in r.stderr and r.stderr.count("\n") == 1, r.stderr
+    assert "Traceback" not in r.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["proj"]  # nothing written outside
+
+
+@pytest.mark.parametrize("entry,needle", [
+    ('rtol = "big"', "rtol = 'big': expected a number"),
+    ("layer_ids = [0, 3.5]", "expected a list of integers"),
+    ("convention = 3", "convention = 3: expected a string"),
+    ("contract = true", "contract = True: expected a string"),
+])
+def test_wrong_value_types_in_checks_are_one_line_errors(tmp_path: Path, entry: str, needle: str) -> None:
+    cfg = project(tmp_path, COMPARE.format(name="same", cand="same") + entry + "\n")
+    r = cli("gate", "--config", str(cfg))
+    assert r.returncode == 2 and needle in r.stderr and r.stderr.count("\n") == 1, r.stderr
+
+
+def test_a_symlinked_directory_does_not_carry_outputs_outside(tmp_path: Path) -> None:
+    proj, outside = tmp_path / "proj", tmp_path / "outside"
+    proj.mkdir()
+    outside.mkdir()
+    (proj / "reports").symlink_to(outside, target_is_directory=True)
+    cfg = project(proj)
+    cfg.write_text(cfg.read_text().replace("[gate]\n", '[gate]\njson = "reports/gate.json"\n'))
+    r = cli("gate", "--config", str(cfg))
+    assert r.returncode == 2 and "outside the config's directory" in r.stderr
+    assert not list(outside.iterdir())
+    # the command line is the runner's own choice: it may write anywhere
+    cfg.write_text(cfg.read_text().replace('json = "reports/gate.json"\n', ""))
+    r = cli("gate", "--config", str(cfg), "--json", str(outside / "gate.json"), "--only", "kimi-fixed")
+    assert r.returncode == 0, r.stderr
+    assert json.loads((outside / "gate.json").read_text())["verdict"] == "pass"
+
+
+def test_outputs_inside_the_config_tree_are_written_there(tmp_path: Path) -> None:
+    cfg = project(tmp_path)
+    (tmp_path / "reports").mkdir()
+    cfg.write_text(cfg.read_text().replace("[gate]\n", '[gate]\njson = "reports/gate.json"\njunit = "j.xml"\n'))
+    r = cli("gate", "--config", "consistency.toml", "--only", "kimi-fixed", cwd=Path("/"))
+    assert r.returncode == 2, r.stderr  # relative to the config, not the cwd: / holds no consistency.toml
+    r = cli("gate", "--config", str(cfg), "--only", "kimi-fixed", cwd=Path("/"))
+    assert r.returncode == 0, r.stderr
+    assert json.loads((tmp_path / "reports" / "gate.json").read_text())["verdict"] == "pass"
+    ET.parse(tmp_path / "j.xml")
+
+
+@pytest.mark.parametrize("option", ["--json", "--junit", "--sarif", "--summary"])
+def test_a_fifo_or_device_is_refused_as_an_output(tmp_path: Path, option: str) -> None:
+    import os
+
+    cfg = project(tmp_path)
+    fifo = tmp_path / "out.fifo"
+    os.mkfifo(fifo)
+    for target in (fifo, Path("/dev/null")):
+        r = cli("gate", "--config", str(cfg), option, str(target), "--only", "kimi-fixed", "--force")
+        assert r.returncode == 2 and "not a regular file" in r.stderr and r.stderr.count("\n") == 1, r.stderr
+    assert fifo.exists() and not fifo.is_file()
+
+
+def test_reports_are_rewritten_in_a_loop_but_a_dump_never(tmp_path: Path) -> None:
+    cfg = project(tmp_path)
+    for _ in range(2):  # a previous report of ours is an output, not data
+        r = cli("gate", "--config", str(cfg), "--only", "kimi-fixed", "--json", str(tmp_path / "g.json"),
+                "--junit", str(tmp_path / "g.xml"), "--sarif", str(tmp_path / "g.sarif"))
+        assert r.returncode == 0, r.stderr
+    dump = tmp_path / "dumps" / "same.safetensors"
+    before = dump.read_bytes()
+    r = cli("gate", "--config", str(cfg), "--only", "kimi-fixed", "--json", str(dump))
+    assert r.returncode == 2 and "output exists" in r.stderr and dump.read_bytes() == before
+
+
+def test_builtin_names_in_a_config_resolve_wherever_it_sits(tmp_path: Path) -> None:
+    from consistency.cli.gate_cmd import builtin_names
+
+    cfg = project(tmp_path, '\n[[replay]]\nname = "acc"\ndraft = "tiny-llama-eagle3"\ntarget = "tiny-llama"\n'
+                            'reference = "dumps/train.safetensors"\ncandidate = "dumps/same.safetensors"\n')
+    opts = next(c for c in load(cfg, builtin_names()).checks if c.kind == "replay").options
+    assert opts["draft"] == "tiny-llama-eagle3" and opts["target"] == "tiny-llama"
+    assert opts["reference"] == str(tmp_path / "dumps" / "train.safetensors")
+    (tmp_path / "tiny-llama").mkdir()  # a directory of that name next to the config wins
+    opts = next(c for c in load(cfg, builtin_names()).checks if c.kind == "replay").options
+    assert opts["target"] == str(tmp_path / "tiny-llama")
+
+
+BLOCK_TORCH = """
+import sys
+class _Blocker:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("torch", "transformers", "accelerate"):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+sys.meta_path.insert(0, _Blocker())
+from consistency.cli import run
+run(sys.argv[1:])
+"""
+
+
+def test_gate_without_torch_runs_lint_and_compare_and_skips_replay_with_the_install_line(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    cfg = project(tmp_path, COMPARE.format(name="same", cand="same"),
+                  '\n[[replay]]\nname = "acc"\ndraft = "tiny-llama-eagle3"\ntarget = "tiny-llama"\n'
+                  'reference = "dumps/train.safetensors"\ncandidate = "dumps/same.safetensors"\n')
+    r = subprocess.run([sys.executable, "-c", BLOCK_TORCH, "gate", "--config", str(cfg), "--only", "kimi-fixed",
+                        "--only", "same", "--only", "acc", "--json", str(tmp_path / "g.json"),
+                        "--junit", str(tmp_path / "g.xml")], capture_output=True, text=True, timeout=600)
+    assert "Traceback" not in r.stderr and "ModuleNotFoundError" not in r.stdout + r.stderr
+    rep = json.loads((tmp_path / "g.json").read_text())
+    verdicts = {c["name"]: c["verdict"] for c in rep["checks"]}
+    assert verdicts == {"kimi-fixed": "pass", "same": "pass", "acc": "skipped"}
+    acc = next(c for c in rep["checks"] if c["name"] == "acc")
+    assert "pip install 'consistency[hf]'" in acc["summary"]
+    assert all(c["status"] == "skipped" for c in acc["cases"])  # never counted as passed
+    assert rep["summary"].startswith("3 checks: 2 passed, 0 failed, 0 errored, 1 skipped")
+    assert r.returncode == 0 and "pip install 'consistency[hf]'" in r.stdout
+    suite = next(s for s in ET.parse(tmp_path / "g.xml").getroot().iter("testsuite") if s.get("name") == "replay: acc")
+    assert suite.get("skipped") == "1" and suite.get("failures") == "0"
+
+
+def test_a_gate_where_everything_was_skipped_is_not_a_pass(tmp_path: Path) -> None:
+    cfg = load(project(tmp_path, '\n[[replay]]\nname = "acc"\ndraft = "drafts/seed.json"\n'))
+    rep = run_gate(cfg, Runners(lambda o: {}, lambda o: {}, None, "replay skipped: no torch"), only=("acc",))
+    assert rep.verdict == "error" and "nothing was checked" in rep.summary and rep.exit_code == 2
+
+
+def test_quiet_prints_the_verdict_line_only_and_counts_read_as_english(tmp_path: Path) -> None:
+    cfg = project(tmp_path)
+    r = cli("gate", "--config", str(cfg), "--only", "kimi-fixed", "-q")
+    assert r.returncode == 0 and r.stdout.splitlines() == ["PASS  1 check: 1 passed, 0 failed, 0 errored, 0 skipped"]
+    r = cli("gate", "--config", str(cfg), "--quiet")
+    assert r.returncode == 1 and len(r.stdout.splitlines()) == 1 and r.stdout.startswith("FAIL  2 checks: ")

@@ -87,6 +87,9 @@ FAIL: dict[str, Callable[[], Scenario]] = {
     "SRV005": lambda: SG(draft=_cfg(embed_requires_grad=True)),
     "SRV006": lambda: SG(serve=_SERVE.replace("{draft}", str(ROOT / "fixtures"))),
     "DTY001": lambda: SG(serve=_SERVE.replace("bfloat16", "float16")),
+    "SRV007": lambda: SG(serve=_SERVE + " --tp-size 2 --pp-size 4"),
+    "SRV008": lambda: SG(serve="CONSISTENCY_RECORD=/data/dumps " + _SERVE + " --tp-size 8 --dp-size 8 "
+                         "--enable-dp-attention"),
 }
 
 _FC_NORM = {f"fc_norm.{i}.weight": ("bfloat16", (256,)) for i in range(3)}

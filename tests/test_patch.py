@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from consistency.cli.compare_cmd import run_compare
+from consistency.diagnose.pipeline import run as run_compare
 from consistency.dump.reader import open_dump
 from consistency.record import Recorder, recorder
 from consistency.record.api import record_reference
@@ -111,8 +111,9 @@ def test_env_activated_patch_writes_the_first_matching_forward(tmp_path):
     env.update({ENV: str(out), ENV_TOKENS: "20", "CONSISTENCY_SIDE": "serving", "CONSISTENCY_RUNTIME": "sglang"})
     subprocess.run([sys.executable, "-c", code], check=True, cwd=root, env=env)
     with open_dump(out) as d:  # the 7-token warm-up was skipped; the first 20-token forward only, no '#2'
-        assert set(d.tensors) == {"input_ids", "aux.0", "aux.1", "aux.2"}
+        assert set(d.tensors) == {"input_ids", "positions", "aux.0", "aux.1", "aux.2"}
         assert d.metadata.side == "serving" and d["aux.0"].shape == (20, 64)
+        assert d["positions"].read_all().tolist() == list(range(20))  # the engine's own positions argument
 
 
 def test_token_filter_skips_warmup_and_decode(tmp_path, monkeypatch):
@@ -121,7 +122,7 @@ def test_token_filter_skips_warmup_and_decode(tmp_path, monkeypatch):
     plain = InnerModel("vllm-llama", False, CAPTURE["vllm-llama"])
     install(plain)
     got = _record(plain, tmp_path / "r.safetensors", _ids(5), _ids(20), _ids(1))
-    assert set(got) == {"input_ids", "aux.0", "aux.1", "aux.2", "aux.3"} and got["aux.0"][0].shape == (20, 64)
+    assert set(got) == {"input_ids", "positions", "aux.0", "aux.1", "aux.2", "aux.3"} and got["aux.0"][0].shape == (20, 64)
 
 
 def test_install_finds_the_inner_model_and_claims_its_streams(tmp_path, monkeypatch):

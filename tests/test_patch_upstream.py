@@ -1,14 +1,20 @@
 """The quoted upstream sources are verbatim, and every patch applies to the released files.
 
 The engines cannot be installed here (CUDA wheels, GBs). Their model files can be read from
-the released wheels (``pip download sglang==0.5.23 --no-deps`` then unzip). Point
-``CONSISTENCY_UPSTREAM`` at a folder holding unpacked site-packages trees named
-``sglang-<version>`` and ``vllm-<version>`` (e.g. ``sglang-0.5.21/sglang/srt/models/llama.py``)
-to run these checks; without it they are skipped, and tests/test_patch.py still runs the
-quoted methods. Wheels the quotes come from (sha256 prefix):
+the released wheels: ``python scripts/upstream_sources.py`` (run by scripts/install-test-references,
+so in CI) downloads the pinned wheels, checks their sha256 and unpacks the model files into
+``~/.cache/consistency-upstream/<pkg>-<version>/`` (or ``$CONSISTENCY_UPSTREAM``), e.g.
+``sglang-0.5.21/sglang/srt/models/llama.py``. Without those trees these checks skip, and
+tests/test_patch.py still runs the quoted methods. Wheels the quotes come from (sha256 prefix):
 
 * sglang 0.5.12.post1  94b3f3cc6b97f136   * sglang 0.5.21  96c029f75dec99ba
 * sglang 0.5.23        00b3cd5b265ac76c   * vllm 0.33.0    4b6bdec4ab269990 (commit g4ba787ec9)
+
+and the ends of each patch's claimed range (docs/integrations):
+
+* sglang 0.5.13        9d26266ab7e99165   * sglang 0.5.17  575e38f5683624de
+* sglang 0.5.22        cc9a0f15bd8f877a   * vllm 0.25.0    c82e96b01af2142e
+* vllm 0.26.0          adb1e4c9b46d0dfd
 """
 
 from __future__ import annotations
@@ -28,19 +34,22 @@ PATCHES = Path(__file__).resolve().parents[1] / "patches"
 QUOTES = {name: (mod, where) for mod in (sc, sb, sv) for name, where in mod.WHERE.items()}
 # patch -> upstream trees it must apply to (checked versions; docs/integrations cite them)
 APPLIES = {
-    "sglang-classic-llama.patch": ["sglang-0.5.12.post1", "sglang-0.5.21"],
-    "sglang-classic-deepseek_v2.patch": ["sglang-0.5.12.post1"],
-    "sglang-boundary-llama.patch": ["sglang-0.5.23", "sglang-0.5.21"],
-    "sglang-boundary-deepseek_v2.patch": ["sglang-0.5.23", "sglang-0.5.21"],
-    "vllm-llama.patch": ["vllm-0.33.0"],
-    "vllm-deepseek_v2.patch": ["vllm-0.33.0"],
+    "sglang-classic-llama.patch": ["sglang-0.5.12.post1", "sglang-0.5.13", "sglang-0.5.17", "sglang-0.5.21"],
+    "sglang-classic-deepseek_v2.patch": ["sglang-0.5.12.post1", "sglang-0.5.13"],
+    "sglang-boundary-llama.patch": ["sglang-0.5.23", "sglang-0.5.22", "sglang-0.5.21"],
+    "sglang-boundary-deepseek_v2.patch": ["sglang-0.5.23", "sglang-0.5.22", "sglang-0.5.21", "sglang-0.5.17"],
+    "vllm-llama.patch": ["vllm-0.25.0", "vllm-0.26.0", "vllm-0.33.0"],
+    "vllm-deepseek_v2.patch": ["vllm-0.25.0", "vllm-0.26.0", "vllm-0.33.0"],
 }
 
 
 def _root() -> Path:
-    root = os.environ.get("CONSISTENCY_UPSTREAM")
-    if not root or not Path(root).is_dir():
-        pytest.skip("set CONSISTENCY_UPSTREAM to unpacked sglang/vllm wheels to check against upstream files")
+    """``$CONSISTENCY_UPSTREAM``, else the cache scripts/upstream_sources.py fills (CI runs it)."""
+    root = os.environ.get("CONSISTENCY_UPSTREAM") or \
+        str(Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "consistency-upstream")
+    if not Path(root).is_dir():
+        pytest.skip("no unpacked sglang/vllm wheels: run `python scripts/upstream_sources.py` "
+                    "(or set CONSISTENCY_UPSTREAM) to check against upstream files")
     return Path(root)
 
 
@@ -72,3 +81,23 @@ def test_patch_applies_to_released_files(patch, tmp_path):
         assert r.returncode == 0, (tree, r.stdout.decode(), r.stderr.decode())
         for f in files:
             compile((work / f).read_text(), f, "exec")  # still valid Python
+
+
+def test_every_checked_tree_is_fetched_by_the_ci_script():
+    """scripts/upstream_sources.py pins every tree these tests read, with the hashes above."""
+    import importlib.util
+    import re
+
+    script = PATCHES.parent / "scripts" / "upstream_sources.py"
+    spec = importlib.util.spec_from_file_location("upstream_sources", script)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    pinned = {f"{pkg}-{ver}" for pkg, ver in mod.PINS}
+    wanted = {t for trees in APPLIES.values() for t in trees} | {f"{p}-{v}" for _m, (p, v, _f, _q) in QUOTES.values()}
+    assert wanted <= pinned, wanted - pinned
+    quoted = dict(re.findall(r"\* (?:sglang|vllm) ([\w.]+)\s+([0-9a-f]{16})", __doc__ or ""))
+    for (pkg, ver), (_name, digest, _plat) in mod.PINS.items():
+        assert digest.startswith(quoted[ver]), (pkg, ver)
+    patched = {ln[6:] for p in APPLIES for ln in (PATCHES / p).read_text().splitlines() if ln.startswith("+++ b/")}
+    for f in patched | {f for _m, (_p, _v, f, _q) in QUOTES.values()}:
+        assert f.startswith(mod.PREFIXES), f

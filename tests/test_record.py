@@ -149,3 +149,85 @@ def test_rank_aware_file_names_under_torch_distributed(tmp_path):
         with open_dump(tmp_path / f"serve.rank{r}-of2.safetensors") as d:
             assert d.metadata.rank == r and d.metadata.world_size == 2
             assert float(d["aux.0"].read_all()[0, 0]) == r
+
+
+# --- the environment recorder never loses a recording (issue 15) ---
+
+ENV_CODE = ("import torch; from consistency.record import capture;"
+            "capture('aux.0', torch.full((2, 3), {v}.)); print('captured', flush=True)")
+
+
+def _env_run(out, v: float, **extra: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "CONSISTENCY_FORCE"}
+    env.update(CONSISTENCY_RECORD=str(out), **extra)
+    return subprocess.run([sys.executable, "-c", ENV_CODE.format(v=v)], env=env, capture_output=True, text=True,
+                          timeout=300)
+
+
+def _value(path) -> float:
+    with open_dump(path) as d:
+        return float(d["aux.0"].read_all()[0, 0])
+
+
+def test_env_recorder_rerun_keeps_the_old_file_and_writes_a_sibling_said_at_first_capture(tmp_path):
+    out = tmp_path / "env.safetensors"
+    assert _env_run(out, 1).returncode == 0 and _value(out) == 1.0
+    r = _env_run(out, 2)
+    assert r.returncode == 0 and "Traceback" not in r.stderr
+    assert _value(out) == 1.0  # the first run's recording is kept
+    siblings = sorted(p for p in tmp_path.iterdir() if p != out)
+    assert len(siblings) == 1 and siblings[0].name.startswith("env.") and siblings[0].suffix == ".safetensors"
+    assert _value(siblings[0]) == 2.0  # and the second run's is not lost
+    lines = r.stderr.splitlines()
+    assert len(lines) == 1 and str(siblings[0]) in lines[0] and "CONSISTENCY_FORCE=1" in lines[0]
+    # said at the first capture, before the process went on with its work
+    assert r.stdout == "captured\n"
+    r = _env_run(out, 3, CONSISTENCY_FORCE="1")
+    assert r.returncode == 0 and r.stderr == "" and _value(out) == 3.0
+
+
+def test_env_recorders_of_two_processes_at_once_both_survive(tmp_path):
+    out = tmp_path / "two.safetensors"
+    env = dict(os.environ, CONSISTENCY_RECORD=str(out))
+    env.pop("CONSISTENCY_FORCE", None)
+    procs = [subprocess.Popen([sys.executable, "-c", ENV_CODE.format(v=v)], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for v in (5, 6)]
+    for p in procs:
+        _out, err = p.communicate(timeout=300)
+        assert p.returncode == 0 and "Traceback" not in err
+    assert sorted(_value(p) for p in tmp_path.iterdir()) == [5.0, 6.0]
+
+
+def test_env_recorder_creates_a_missing_directory_and_says_so_early(tmp_path):
+    out = tmp_path / "not" / "yet" / "r.safetensors"
+    r = _env_run(out, 4)
+    assert r.returncode == 0 and _value(out) == 4.0
+    assert "does not exist" in r.stderr and len(r.stderr.splitlines()) == 1
+
+
+def test_env_recorder_under_an_unusable_directory_falls_back_to_the_temp_dir(tmp_path):
+    (tmp_path / "afile").write_text("x")
+    tmpdir = tmp_path / "tmp"
+    tmpdir.mkdir()
+    r = _env_run(tmp_path / "afile" / "r.safetensors", 7, TMPDIR=str(tmpdir))
+    assert r.returncode == 0 and "Traceback" not in r.stderr
+    written = list(tmpdir.iterdir())
+    assert len(written) == 1 and _value(written[0]) == 7.0 and str(written[0]) in r.stderr
+
+
+def test_env_recorder_past_a_file_size_limit_says_what_was_lost_in_one_line(tmp_path):
+    import resource
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))  # Python ignores SIGXFSZ: writes get EFBIG
+
+    code = ("import torch; from consistency.record import capture;"
+            "capture('aux.0', torch.ones(64, 1024))")
+    env = dict(os.environ, CONSISTENCY_RECORD=str(tmp_path / "big.safetensors"), TMPDIR=str(tmp_path))
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, preexec_fn=limit,
+                       timeout=300)
+    assert "Traceback" not in r.stderr
+    lines = r.stderr.splitlines()
+    assert len(lines) == 1 and "could not write the recording (1 tensors, 0.3 MB)" in lines[0]
+    assert "no space left" in lines[0]
+    assert list(tmp_path.iterdir()) == []  # no truncated file under any name, temporary ones removed

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from consistency.cli.compare_cmd import run_compare
+from consistency.diagnose.pipeline import run as run_compare
 from consistency.dump.ranks import RankDump, parse_shard
 from consistency.dump.sets import open_side
 from tests import tp_model as tp
@@ -62,6 +62,37 @@ def test_incomplete_or_mixed_rank_sets_are_refused_with_one_line(tmp_path):
         write_dump(tmp_path / f"s.rank{r}-of3.safetensors", {"aux.0": np.ones((2, 4), np.float32)})
     r = cli("compare", str(tmp_path / "s.rank0-of3.safetensors"), str(tmp_path / "s.safetensors"))
     assert r.returncode == 2 and "ranks [1] of 3 are missing" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_rank_files_from_several_nodes_form_one_set_and_missing_ranks_are_named(tmp_path):
+    import numpy as np
+
+    from consistency.dump.writer import write_dump
+    from consistency.errors import InputError
+
+    x = np.arange(32, dtype=np.float32).reshape(4, 8)
+    for r in range(4):  # per-node disks copied under one directory: nodes/node0 holds ranks 0-1, node1 ranks 2-3
+        node = tmp_path / "nodes" / f"node{r // 2}"
+        node.mkdir(parents=True, exist_ok=True)
+        write_dump(node / f"s.rank{r}-of4.safetensors", {"col.0": x[:, 2 * r:2 * r + 2]},
+                   _meta("col.0", parse_shard("h[tp]", r, 4)))
+    for spec in (tmp_path / "nodes", tmp_path / "nodes" / "*" / "s.rank*-of4.safetensors"):
+        with open_side(str(spec)) as d:
+            assert isinstance(d, RankDump) and d.world == 4
+            assert (d["col.0"].read_all() == x).all()  # concatenated across both nodes' files
+    (tmp_path / "nodes" / "node1" / "s.rank3-of4.safetensors").unlink()
+    with pytest.raises(InputError, match=r"ranks \[3\] of 4 are missing \(found 3 in .*node0, .*node1\)"):
+        open_side(str(tmp_path / "nodes"))
+    (tmp_path / "nodes" / "node0" / "s.rank3-of4.safetensors").write_bytes(b"")  # a second copy of one rank
+    (tmp_path / "nodes" / "node1" / "s.rank3-of4.safetensors").write_bytes(b"")
+    with pytest.raises(InputError, match="rank 3 given twice"):
+        open_side(str(tmp_path / "nodes" / "*" / "s.rank*-of4.safetensors"))
+
+
+def _meta(name, spec):  # noqa: ANN001, ANN202
+    from consistency.contract.models import DumpMetadata, TensorMeta
+
+    return DumpMetadata(tensors={name: TensorMeta(shard=spec)})
 
 
 def test_shard_annotations():

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from consistency.cli.compare_cmd import run_compare
+from consistency.diagnose.pipeline import run as run_compare
 from consistency.contract.findings import CompareReport, SimilarityMatrix
 from consistency.errors import ConsistencyError, OutputExistsError
 from consistency.record.api import record_reference, record_serving
@@ -226,9 +226,11 @@ def test_pngs(seed, tmp_path):
     for p in written:
         with Image.open(p) as im:
             assert im.format == "PNG" and im.size[0] > 300 and im.size[1] > 150
+    assert len(visual.write_pngs(rep, out)) == 5  # our own plots are outputs: a re-run rewrites them
     (out / "heatmap.png").unlink()
+    (out / "per-token-aux.0.png").write_bytes(b"\x89PNG\r\n\x1a\nsomeone else's picture")
     before = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
-    with pytest.raises(OutputExistsError):  # per-token files exist: refuse before writing anything
+    with pytest.raises(OutputExistsError):  # a PNG that is not ours: refuse before writing anything
         visual.write_pngs(rep, out)
     assert not (out / "heatmap.png").exists()
     assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == before
@@ -255,9 +257,13 @@ def test_cli_html_png_and_no_clobber(seed, tmp_path):
     assert html.read_text().count('class="finding"') >= 4
     if _has_matplotlib():
         assert (png / "heatmap.png").stat().st_size > 1000
+    again = cli(*args)  # reports are outputs: the same command re-runs over its own reports
+    assert again.returncode == 1, again.stderr
+    html.write_text("<!DOCTYPE html><p>my notes</p>")  # not a report of ours: kept
     again = cli("compare", ref, cand, "--html", str(html), "-q")
     assert again.returncode == 2
     assert re.search(r"r\.html: output exists; pass --force", again.stderr)
+    assert html.read_text() == "<!DOCTYPE html><p>my notes</p>"
     assert cli("compare", ref, cand, "--html", str(html), "-q", "--force").returncode == 1
 
 

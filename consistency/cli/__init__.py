@@ -8,6 +8,7 @@ code 2 and one line naming the file; findings exit 1; a clean pass exits 0.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 import sys
 from typing import Any
@@ -86,6 +87,13 @@ def run(argv: list[str] | None = None) -> None:
     except Exception as e:  # noqa: BLE001 - never a traceback on a user's input
         if os.environ.get("CONSISTENCY_DEBUG"):
             raise
+        from consistency.errors import missing_dependency
+
+        words = [a for a in (argv if argv is not None else sys.argv[1:]) if not a.startswith("-")]
+        dep = missing_dependency(e, words[0] if words else None) if isinstance(e, ImportError) else None
+        if dep is not None:  # an optional dependency missing on this command's path: the pip line
+            click.echo(f"consistency: error: {dep}", err=True)
+            sys.exit(dep.exit_code)
         args = " ".join(a for a in (argv if argv is not None else sys.argv[1:]) if not a.startswith("-"))
         msg = " ".join(f"{type(e).__name__}: {e}".split())
         click.echo(f"consistency: error: {args}: {msg} (set CONSISTENCY_DEBUG=1 for a traceback)", err=True)

@@ -8,45 +8,15 @@ import click
 from consistency.errors import UsageError
 
 
-def load_contract(path: str | None):  # noqa: ANN201 - AuxContract | None, imported lazily
-    if path is None:
-        return None
-    from consistency.contract.io import read_contract
+def run_compare(*args, **kwargs):  # noqa: ANN002, ANN003, ANN201 - kept for callers of the old location
+    """Deprecated location: use :func:`consistency.diagnose.pipeline.run`."""
+    from consistency.diagnose.pipeline import run
 
-    return read_contract(path)
+    if kwargs.get("progress") is True:
+        from consistency.report.progress import factory
 
-
-def run_compare(reference: str, candidate: str, contract: str | None = None, rtol: float | None = None,
-                atol: float | None = None, threshold: float | None = None, tolerance: tuple[str, ...] = (),
-                progress: bool = False, layer_ids: str | None = None,
-                convention: str | None = None):  # noqa: ANN201 - CompareReport
-    """Library entry used by the CLI, the demo and the gate."""
-    from consistency.compare.engine import compare
-    from consistency.compare.tolerance import ToleranceModel, parse_rules
-    from consistency.diagnose.engine import explain
-    from consistency.diagnose.report import build
-    from consistency.dump.sets import open_side
-
-    try:
-        rules = parse_rules(list(tolerance))
-    except (ValueError, Exception) as exc:  # re.error is an Exception
-        raise UsageError(f"--tolerance: {exc}") from None
-    tol = ToleranceModel(rules=rules, floor_override=threshold, rtol=rtol, atol=atol)
-    con = load_contract(contract)
-    from consistency.cli.record_cmd import parse_ids
-
-    ids = parse_ids(layer_ids)
-    with open_side(reference, ids, convention) as ref, open_side(candidate, ids, convention) as cand:
-        factory = _progress_factory() if progress else None
-        cmp = compare(ref, cand, con, tol, progress=factory)
-        findings, summary = explain(cmp)
-        return build(cmp, findings, summary)
-
-
-def _progress_factory():  # noqa: ANN202
-    from consistency.report.progress import factory
-
-    return factory()
+        kwargs["progress"] = factory()
+    return run(*args, **kwargs)
 
 
 @click.command("compare")
@@ -59,6 +29,8 @@ def _progress_factory():  # noqa: ANN202
 @click.option("--threshold", type=float, help="Token rel_diff floor for every tensor (overrides the dtype floor).")
 @click.option("--tolerance", multiple=True, metavar="REGEX=FLOOR", help="Per-name token rel_diff floor (repeatable).")
 @click.option("--layer-ids", help="Aux layer ids for an input that does not record them (speculators/SpecForge files).")
+@click.option("--ref-layer-ids", help="Aux layer ids of REFERENCE only (wins over what the file records).")
+@click.option("--cand-layer-ids", help="Aux layer ids of CANDIDATE only (wins over what the file records).")
 @click.option("--convention", help="What --layer-ids mean: stream, vllm, speculators, specforge, sglang@VER, ...")
 @click.option("--html", "html_out", type=click.Path(dir_okay=False), help="Write a self-contained HTML report.")
 @click.option("--png", "png_dir", type=click.Path(file_okay=False), help="Write the heatmap and per-token plots as PNG here.")
@@ -67,7 +39,7 @@ def _progress_factory():  # noqa: ANN202
 @click.option("--force", is_flag=True, help="Overwrite existing report files.")
 def compare(reference: str, candidate: str, contract: str | None, json_out: str | None, rtol: float | None,
             atol: float | None, threshold: float | None, tolerance: tuple[str, ...], layer_ids: str | None,
-            convention: str | None, html_out: str | None, png_dir: str | None, quiet: bool, show_ok: bool,
+            ref_layer_ids: str | None, cand_layer_ids: str | None, convention: str | None, html_out: str | None, png_dir: str | None, quiet: bool, show_ok: bool,
             force: bool) -> None:
     """Compare REFERENCE (what the draft was trained on) with CANDIDATE (what it is fed).
 
@@ -86,7 +58,8 @@ def compare(reference: str, candidate: str, contract: str | None, json_out: str 
             raise UsageError(f"--png needs the report extra: pip install 'consistency[report]' ({exc})") from None
         require_png()
     rep = run_compare(reference, candidate, contract, rtol, atol, threshold, tolerance,
-                      progress=not quiet and sys.stderr.isatty(), layer_ids=layer_ids, convention=convention)
+                      progress=not quiet and sys.stderr.isatty(), layer_ids=layer_ids, convention=convention,
+                      ref_layer_ids=ref_layer_ids, cand_layer_ids=cand_layer_ids)
     text = rep.model_dump_json(indent=2)
     if json_out == "-":
         sys.stdout.write(text + "\n")

@@ -66,10 +66,12 @@ def convert(source: str, output: str, layer_ids: str | None, convention: str | N
     Names are mapped onto the dump format (aux.i, input_ids, hidden.N, final_norm) and the
     stream ids of the aux slots are recorded when --layer-ids says what they are.
     """
-    from consistency.cli.record_cmd import parse_ids
+    from consistency.diagnose.pipeline import parse_ids
 
     out, notes = convert_file(source, output, parse_ids(layer_ids), convention, force)
+    from consistency.report.escape import term
+
     for n in notes:
-        click.echo(f"note: {n}", err=True)
-    click.echo(f"wrote {out}")
+        click.echo(f"note: {term(n, multiline=True)}", err=True)
+    click.echo(f"wrote {term(out)}")
     sys.exit(0)

@@ -27,7 +27,7 @@ def lint_runner(opts: dict[str, Any]) -> Any:
 
 
 def compare_runner(opts: dict[str, Any]) -> Any:
-    from consistency.cli.compare_cmd import run_compare
+    from consistency.diagnose.pipeline import run as run_compare
     from consistency.errors import UsageError
 
     for key in ("reference", "candidate"):
@@ -42,12 +42,33 @@ def compare_runner(opts: dict[str, Any]) -> Any:
 
 
 def replay_runner() -> tuple[Any, str]:
-    """The replay hook (a later package), or None and why it is unavailable."""
+    """The replay hook, or None and why it is unavailable: replay runs the draft, so it
+    needs torch and transformers; without them the gate still runs lint and compare and
+    reports replay as skipped with the install line (never as passed)."""
+    import importlib.util
+
+    from consistency.errors import MissingDependency
+
+    for mod in ("torch", "transformers"):
+        try:
+            found = importlib.util.find_spec(mod) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            return None, f"replay skipped: {MissingDependency('hf', mod, 'replay')}"
     try:
         from consistency.replay.api import replay_check
     except ImportError as exc:
         return None, f"replay is not available: consistency.replay.api does not import ({exc})"
     return (lambda opts: replay_check(**opts)), ""
+
+
+def builtin_names() -> list[str]:
+    """Model and draft names the commands resolve without a file (a gate config may use them)."""
+    from consistency.record.models import builtin_names as models
+    from consistency.replay.assets import BUILTIN
+
+    return [*models(), *BUILTIN]
 
 
 @click.command("gate")
@@ -61,29 +82,38 @@ def replay_runner() -> tuple[Any, str]:
 @click.option("--only", multiple=True, metavar="NAME", help="Run only these checks (name or kind/name); repeatable.")
 @click.option("--kind", "kinds", multiple=True, type=click.Choice(["lint", "compare", "replay"]),
               help="Run only checks of this kind (e.g. lint in a pre-commit hook); repeatable.")
-@click.option("--force", is_flag=True, help="Overwrite existing --json/--junit/--sarif files.")
+@click.option("--quiet", "-q", is_flag=True, help="Print only the verdict line (annotations and files as usual).")
+@click.option("--force", is_flag=True,
+              help="Overwrite existing --json/--junit/--sarif files that are not reports of ours (command line only).")
 def gate(config_path: str, json_out: str | None, junit: str | None, sarif: str | None, summary: str | None,
-         annotations: bool | None, only: tuple[str, ...], kinds: tuple[str, ...], force: bool) -> None:
+         annotations: bool | None, only: tuple[str, ...], kinds: tuple[str, ...], quiet: bool, force: bool) -> None:
     """Run every [[lint]], [[compare]] and [[replay]] check of a consistency.toml.
 
     Exit code 0 when every check passes, 1 when one fails, 2 when one cannot read its
     input (the others still run and are reported). Configuration and a GitHub Actions
-    workflow: docs/ci.md.
+    workflow: docs/ci.md. Output paths written in the config stay inside its directory;
+    --force is accepted from the command line only.
     """
     from consistency.dump.atomic import check_writable, write_text_atomic
     from consistency.gate.config import load
     from consistency.gate.runner import Runners, run_gate
     from consistency.report.ci_formats import github_annotations, junit_xml, markdown_summary
+    from consistency.report.escape import term
 
-    cfg = load(config_path)
+    cfg = load(config_path, builtin_names())
     if kinds:
         cfg.checks = [c for c in cfg.checks if c.kind in kinds]
     st = cfg.settings
-    force = force or bool(st.get("force"))
     json_out, junit, sarif = json_out or st.get("json"), junit or st.get("junit"), sarif or st.get("sarif")
+    for out in (json_out, junit, sarif, summary or st.get("summary")):
+        if out and out != "-" and out in (st.get("json"), st.get("junit"), st.get("sarif"), st.get("summary")):
+            Path(out).parent.mkdir(parents=True, exist_ok=True)  # inside the config's tree (checked on load)
     for out in (json_out, junit, sarif):
         if out and out != "-":
             check_writable(out, force)
+    summary = summary or st.get("summary") or os.environ.get("GITHUB_STEP_SUMMARY")
+    if summary:
+        _check_appendable(summary)
     if st.get("fail_on"):
         for c in cfg.checks:
             if c.kind == "lint":
@@ -105,14 +135,42 @@ def gate(config_path: str, json_out: str | None, junit: str | None, sarif: str |
     if annotations:
         for line in github_annotations(data, Path.cwd()):
             click.echo(line, file=out)
-    summary = summary or st.get("summary") or os.environ.get("GITHUB_STEP_SUMMARY")
     if summary:
-        with open(summary, "a", encoding="utf-8") as fh:  # the step summary is appended to by design
-            fh.write(markdown_summary(data))
-    for chk in rep.checks:
-        click.echo(f"{chk.verdict.upper():5s} {chk.kind}/{chk.name}: {chk.summary}", file=out)
-    click.echo(f"{rep.verdict.upper()}  {rep.summary}", file=out)
+        _append(summary, markdown_summary(data))
+    if not quiet:
+        for chk in rep.checks:
+            click.echo(f"{chk.verdict.upper():5s} {chk.kind}/{term(chk.name)}: {term(chk.summary)}", file=out)
+    click.echo(f"{rep.verdict.upper()}  {term(rep.summary)}", file=out)
     sys.exit(rep.exit_code)
+
+
+def _check_appendable(path: str) -> None:
+    """The step summary is appended to (by design: earlier steps wrote to it); it must be a
+    regular file or absent, in an existing directory: never a FIFO or a device."""
+    from consistency.errors import InputError
+
+    p = Path(path)
+    if p.exists() and not p.is_file():
+        raise InputError(p, "summary: not a regular file (a directory, FIFO, device or socket); refused as an output")
+    if not p.parent.is_dir():
+        raise InputError(p, f"summary: directory {p.parent} does not exist")
+
+
+def _append(path: str, text: str) -> None:
+    import stat
+
+    from consistency.errors import InputError
+
+    try:  # O_NONBLOCK: a FIFO swapped in after the check fails here instead of hanging the job
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0), 0o666)
+    except OSError as exc:
+        raise InputError(path, f"summary: cannot write: {exc.strerror or exc}") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise InputError(path, "summary: not a regular file; refused as an output")
+        os.write(fd, text.encode("utf-8"))
+    finally:
+        os.close(fd)
 
 
 def _sarif(data: dict[str, Any]) -> dict[str, Any]:

@@ -13,9 +13,11 @@ def inspect(dump: str, as_json: bool) -> None:
     import json
 
     from rich.table import Table
+    from rich.text import Text
 
     from consistency.dump import names
     from consistency.dump.sets import open_side
+    from consistency.report.escape import term
     from consistency.report.text import console
 
     with open_side(dump) as d:
@@ -25,13 +27,14 @@ def inspect(dump: str, as_json: bool) -> None:
             click.echo(json.dumps({"path": dump, "format": d.format, "metadata": meta, "tensors": tensors}, indent=2))
             return
         con = console()
-        con.print(f"{dump}: {d.format}, {len(tensors)} tensors" + ("" if meta else ", no consistency metadata"))
+        head = f"{dump}: {d.format}, {len(tensors)} tensors" + ("" if meta else ", no consistency metadata")
+        con.print(Text(term(head)))
         if d.metadata and d.metadata.aux and d.metadata.aux.stream_ids is not None:
             a = d.metadata.aux
-            con.print(f"aux streams {a.stream_ids} (native ids {a.native_ids}, convention {a.convention})")
+            con.print(Text(term(f"aux streams {a.stream_ids} (native ids {a.native_ids}, convention {a.convention})")))
         t = Table(show_edge=False)
         for c in ("name", "dtype", "shape"):
             t.add_column(c)
         for x in sorted(tensors, key=lambda x: names.sort_key(x["name"])):
-            t.add_row(x["name"], x["dtype"], str(x["shape"]))
+            t.add_row(Text(term(x["name"])), Text(term(x["dtype"])), Text(str(x["shape"])))  # names from the file
         con.print(t)

@@ -43,31 +43,43 @@ def parse_sets(values: tuple[str, ...]) -> dict[str, bool]:
               help="Where the target's next tokens come from: the dump's logits, a target forward, or the recorded tokens.")
 @click.option("--set", "sets", multiple=True, metavar="FLAG=BOOL",
               help="Override a draft flag as a runtime would read it (e.g. norm_before_residual=false for SGLang).")
+@click.option("--layer-ids", help="Aux layer ids of an input that does not record them (speculators/SpecForge "
+              "training files), read as `compare --layer-ids` reads them.")
+@click.option("--convention", help="What --layer-ids mean: stream, vllm, speculators, specforge[@VER], sglang@VER, ...")
 @click.option("--json", "json_out", metavar="PATH|-", help="Write the JSON report to PATH, or to stdout with '-'.")
 @click.option("--quiet", "-q", is_flag=True, help="Print only the verdict line.")
 @click.option("--force", is_flag=True, help="Overwrite an existing report file.")
 def replay(reference: str, candidate: str, draft: str, target: str | None, steps: int | None, max_drop: float,
-           min_acceptance: float | None, feed: str, labels: str, sets: tuple[str, ...], json_out: str | None,
-           quiet: bool, force: bool) -> None:
+           min_acceptance: float | None, feed: str, labels: str, sets: tuple[str, ...], layer_ids: str | None,
+           convention: str | None, json_out: str | None, quiet: bool, force: bool) -> None:
     """Run the real draft on the aux states of REFERENCE (what it was trained on) and of
     CANDIDATE (what the server feeds it), score both against the target's own next tokens
     and report the predicted acceptance side by side.
 
     Exit code 0 when the candidate is within --max-drop points of the reference (and above
-    --min-acceptance), 1 when it is not, 2 for bad usage or unreadable input.
+    --min-acceptance), 1 when it is not, 2 for bad usage or unreadable input, and for inputs
+    that do not belong together: a --target the dumps were not recorded on, REFERENCE and
+    CANDIDATE swapped, dumps of different tokens.
     """
+    from consistency.diagnose.pipeline import parse_ids
     from consistency.dump.atomic import check_writable, write_text_atomic
     from consistency.replay.assets import resolve_draft
     from consistency.replay.engine import run_replay
     from consistency.replay.text import render
     from consistency.report.text import console
 
-    if max_drop < 0:
-        raise UsageError("--max-drop must be >= 0")
+    import math
+
+    if not max_drop >= 0 or math.isinf(max_drop):
+        raise UsageError(f"--max-drop must be a finite number >= 0, got {max_drop}")
+    if min_acceptance is not None and not 0.0 <= min_acceptance <= 1.0:
+        raise UsageError(f"--min-acceptance is a fraction between 0 and 1, got {min_acceptance}")
+    if steps is not None and not 1 <= steps <= 64:
+        raise UsageError(f"--steps must be between 1 and 64, got {steps}")
     if json_out and json_out != "-":
         check_writable(json_out, force)
     rep = run_replay(resolve_draft(draft), target, reference, candidate, steps, max_drop, feed, labels, parse_sets(sets),
-                     min_acceptance)
+                     min_acceptance, parse_ids(layer_ids), convention)
     text = rep.model_dump_json(indent=2)
     if json_out == "-":
         sys.stdout.write(text + "\n")

@@ -23,6 +23,8 @@ class SideInfo:
     hidden_size: int | None
     runtime: str | None
     split_note: str | None = None
+    concat: list[TensorView] = field(default_factory=list)  # a concatenated ``aux`` beside ``aux.{i}``, split
+    side: str | None = None  # "training"/"serving" as the file's metadata says
 
 
 @dataclass
@@ -73,15 +75,25 @@ def describe_side(d: Dump, width_hint: int | None, n_hint: int | None) -> SideIn
     indexed = sorted((names.parse(n).index, n) for n in d.tensors
                      if names.parse(n).kind == names.AUX and names.parse(n).index is not None)
     note = None
+    concat: list[TensorView] = []
     if indexed:
         slots = [d[n] for _i, n in indexed]
+        if names.AUX in d.tensors:  # both forms: each is checked (which one did the draft get?)
+            parts, _ = split_concat(d[names.AUX], claimed, slots[0].cols if slots[0].cols > 1 else h, len(slots))
+            if len(parts) == len(slots) and all(p.cols == v.cols for p, v in zip(parts, slots, strict=True)):
+                concat = [p.column_view(0, p.cols, f"{names.AUX}[{i}]") for i, p in enumerate(parts)]
+                note = f"{d.path.name}: 'aux' stored beside per-slot aux.{{i}}: both compared"
+            else:
+                note = f"{d.path.name}: 'aux' ({d[names.AUX].cols} wide) does not split into the {len(slots)} slots " \
+                       f"aux.{{i}}: compared by name only"
     elif names.AUX in d.tensors:
         slots, note = split_concat(d[names.AUX], claimed, h, n_hint)
     else:
         slots = []
     if h is None and slots:
         h = slots[0].cols
-    return SideInfo(slots, claimed, n_layers, h, runtime, note)
+    side = meta.side if meta and meta.side in ("training", "serving") else None
+    return SideInfo(slots, claimed, n_layers, h, runtime, note, concat, side)
 
 
 def split_concat(view: TensorView, claimed: list[int] | None, h: int | None, n_hint: int | None) -> tuple[list[TensorView], str | None]:
@@ -111,7 +123,7 @@ def build(ref: Dump, cand: Dump, contract: AuxContract | None = None) -> Plan:
         plan.missing.append(names.aux(i))
     # by-name pairs for everything that is not an aux slot
     aux_names = {v.name for v in rs.slots} | {v.name for v in cs.slots} | {names.AUX}
-    cand_kinds = {names.parse(n).kind for n in cand.tensors}
+    cand_kinds = _recorded_kinds(ref, cand)
     for n in ref.names:
         if n in aux_names:
             continue
@@ -126,6 +138,26 @@ def build(ref: Dump, cand: Dump, contract: AuxContract | None = None) -> Plan:
         if d.metadata and isinstance(d.metadata.extra.get("notes"), list):
             plan.notes += [f"{d.path.name}: {x}" for x in d.metadata.extra["notes"] if isinstance(x, str)]
     return plan
+
+
+def _recorded_kinds(ref: Dump, cand: Dump) -> set[str]:
+    """Kinds the candidate records as a set, so an absent member is MISSING. An indexed kind
+    counts only when the candidate holds at least half of the reference's members: a
+    speculators file whose last slot is ``hidden.N`` records one stream, not "the streams",
+    and the other thirty are not compared rather than missing."""
+    count_ref: dict[str, int] = {}
+    count_both: dict[str, int] = {}
+    for n in ref.tensors:
+        k = names.parse(n)
+        count_ref[k.kind] = count_ref.get(k.kind, 0) + 1
+        if n in cand.tensors:
+            count_both[k.kind] = count_both.get(k.kind, 0) + 1
+    kinds = set()
+    for n in cand.tensors:
+        k = names.parse(n)
+        if k.index is None or 2 * count_both.get(k.kind, 0) >= count_ref.get(k.kind, 0):
+            kinds.add(k.kind)
+    return kinds
 
 
 def _expect(i: int, view: TensorView, ref: Dump, rs: SideInfo, contract_streams: list[int] | None) -> SlotPlan:

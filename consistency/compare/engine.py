@@ -11,43 +11,26 @@ from __future__ import annotations
 import math
 import time
 from collections import defaultdict
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from consistency.compare import align, identify, stream
-from consistency.compare.metrics import PairMetrics, exact_compare
+import numpy as np
+
+from consistency.compare import align, identify, precision, stream
+from consistency.compare.metrics import exact_compare
+from consistency.compare.result import (  # noqa: F401 - re-exported: the value types of a comparison
+    CLEAR_BEST_RATIO,
+    DRIFT_WITHOUT_GAP,
+    MATCH_FACTOR,
+    MAX_BAD_FRACTION,
+    TOKEN_FACTOR,
+    ProgressFactory,
+    Result,
+    Status,
+)
 from consistency.compare.tolerance import ToleranceModel
 from consistency.contract.models import AuxContract
 from consistency.dump import names
 from consistency.dump.reader import Dump, TensorView
-
-DRIFT_WITHOUT_GAP = 10.0  # with no neighbour stream to measure against, drift stays within 10x the floor
-CLEAR_BEST_RATIO = 1.5  # drift larger than the neighbour gap still counts as drift past this margin
-ProgressFactory = Callable[[str, int], Callable[[int], None]]
-
-
-@dataclass
-class Result:
-    """One candidate tensor against the reference tensor it should equal."""
-
-    name: str
-    cand: TensorView
-    expected: str | None
-    ref: TensorView | None
-    slot: int | None = None
-    expected_stream: int | None = None
-    why: str = ""
-    status: str = "pending"  # ok, drift, mismatch, shape, nonfinite, empty, unpaired, exact_mismatch
-    metrics: PairMetrics | None = None
-    exact: dict | None = None
-    floor: float | None = None
-    floor_why: str = ""
-    ident: identify.Identification | None = None
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def identified(self) -> str | None:
-        return self.ident.best.name if self.ident and self.ident.best else None
 
 
 @dataclass
@@ -62,6 +45,7 @@ class Comparison:
     ref_slot_streams: list[int | None]
     ref_slot_names: list[str | None] = field(default_factory=list)  # what each reference slot is
     seconds: float = 0.0
+    effective: dict[str, str] = field(default_factory=dict)  # "ref:name"/"cand:name" -> dtype the values carry
 
     def canonical(self, ref_name: str | None) -> str | None:
         """Prefer the meaningful name: a reference slot that equals ``hidden.3`` is ``hidden.3``."""
@@ -71,6 +55,43 @@ class Comparison:
         if n.kind == names.AUX and n.index is not None and n.index < len(self.ref_slot_names):
             return self.ref_slot_names[n.index] or ref_name
         return ref_name
+
+    def dtype(self, side: str, view: TensorView | None) -> str:
+        """The dtype the values carry (a float32 file may hold bf16 values)."""
+        if view is None:
+            return "float32"
+        return self.effective.get(f"{side}:{view.name}", view.dtype)
+
+    def ref_view(self, name: str) -> TensorView | None:
+        if name in self.ref.tensors:
+            return self.ref.tensors[name]
+        return next((v for v in self.plan.ref.slots if v.name == name), None)
+
+    def noise_floor(self, r: Result, gap: float | None = None, user: bool = True) -> tuple[float, str]:
+        """The pair's floor: user rules first (unless ``user`` is False: identity is judged
+        against noise, never against a tolerance), else the dtype floor of the precision
+        the values really carry; a float8 side earns a floor measured on these values."""
+        dr, dc = self.dtype("ref", r.ref), self.dtype("cand", r.cand)
+        narrow = [d for d in (dr, dc) if d in precision.NARROW]
+        tol = self.tol if user else ToleranceModel()
+        if not narrow or (user and (any(rule.matches(r.name) for rule in self.tol.rules)
+                                    or self.tol.floor_override is not None)):
+            return tol.floor(r.name, dr, dc, gap)
+        wide = [d for d in (dr, dc) if d not in precision.NARROW] or ["bfloat16"]
+        compute = self.tol.dtype_floor(wide[0], wide[-1])
+        fp = self.ref_fp.get(_key(r.cand))
+        side_view = r.ref if dr not in precision.NARROW else r.cand
+        fps = self.ref_fp if side_view is r.ref else self.cand_fp
+        fp = fps.get(_key(r.cand))
+        sample = fp.rows(side_view.name) if fp is not None and side_view is not None and side_view.name in fp else None
+        if sample is None:
+            return tol.floor(r.name, dr, dc, gap)
+        measured = precision.storage_floor(sample, narrow[0])
+        f = max(compute, measured)
+        why = f"{narrow[0]} storage floor {f:.2g} (measured {measured / precision.STORAGE_MARGIN:.2g} on these values)"
+        if gap is not None and gap > 0 and gap / 10 < f:
+            return gap / 10, f"neighbour gap {gap:.3g}/10"
+        return f, why
 
     def stream_of(self, ref_name: str | None) -> int | None:
         """Stream index a reference name stands for (``aux.i`` through the reference's own slots)."""
@@ -95,11 +116,17 @@ def compare(ref: Dump, cand: Dump, contract: AuxContract | None = None, tol: Tol
     tol = tol or ToleranceModel()
     plan = align.build(ref, cand, contract)
     results: list[Result] = []
+    ref_slot_view = {v.name: v for v in plan.ref.slots}
     for sp in plan.slots:
         rv = ref.tensors.get(sp.expected) if sp.expected else None
-        if rv is None and sp.expected and sp.expected in {v.name for v in plan.ref.slots}:
-            rv = next(v for v in plan.ref.slots if v.name == sp.expected)
+        if rv is None and sp.expected:
+            rv = ref_slot_view.get(sp.expected)
         results.append(Result(sp.cand.name, sp.cand, sp.expected, rv, sp.index, sp.expected_stream, sp.why))
+    for i, view in enumerate(plan.cand.concat):
+        twin = next((r for r in results if r.slot == i), None)
+        if twin is not None:
+            results.append(Result(view.name, view, twin.expected, twin.ref, None, twin.expected_stream,
+                                  f"concatenated aux beside {twin.name}", concat_of=i))
     for n, rv, cv in plan.pairs:
         results.append(Result(n, cv, n, rv, None, names.stream_of(n), "same name"))
 
@@ -119,6 +146,8 @@ def compare(ref: Dump, cand: Dump, contract: AuxContract | None = None, tol: Tol
         idx = identify.sample_index(key[0], k)
         ref_fp[key] = identify.Fingerprints(_unique(rviews), idx)
         cand_fp[key] = identify.Fingerprints(_unique(cviews), idx)
+    labels = {("ref", v.name): v.dtype for v in ref_pool} | {("cand", v.name): v.dtype for v in cand_float}
+    effective = _effective_dtypes(ref_fp, cand_fp, labels, plan)
 
     ref_slot_streams, ref_slot_names = _reference_slots(plan, ref_fp, tol)
     for r in results:
@@ -126,12 +155,34 @@ def compare(ref: Dump, cand: Dump, contract: AuxContract | None = None, tol: Tol
             n = names.parse(r.expected)
             if n.kind == names.AUX and n.index is not None and n.index < len(ref_slot_streams):
                 r.expected_stream = ref_slot_streams[n.index]
-    _screen(results, ref_fp, cand_fp, tol)
-    _measure(results, tol, progress)
-    _judge(results, tol)
-    cmp = Comparison(ref, cand, plan, results, tol, ref_fp, cand_fp, ref_slot_streams, ref_slot_names)
+    cmp = Comparison(ref, cand, plan, results, tol, ref_fp, cand_fp, ref_slot_streams, ref_slot_names,
+                     effective=effective)
+    _screen(cmp)
+    _measure(cmp, progress)
+    _judge(cmp)
     cmp.seconds = time.perf_counter() - t0
     return cmp
+
+
+def _effective_dtypes(ref_fp: dict, cand_fp: dict, labels: dict[tuple[str, str], str],
+                      plan: align.Plan) -> dict[str, str]:
+    """Read each float32 tensor's real precision off its sampled values (bf16 in float32)."""
+    out: dict[str, str] = {}
+    for side, fps in (("ref", ref_fp), ("cand", cand_fp)):
+        for fp in fps.values():
+            for name in fp.names:
+                label = labels.get((side, name))
+                if label != "float32":
+                    continue
+                eff = precision.effective_dtype(label, fp.rows(name))
+                if eff != label:
+                    out[f"{side}:{name}"] = eff
+    bf = sorted({k.split(":", 1)[1] for k, v in out.items()})
+    if bf:
+        kinds = sorted(set(out.values()))
+        plan.notes.append(f"{len(bf)} float32 tensor{'s' if len(bf) != 1 else ''} hold {'/'.join(kinds)} values "
+                          f"(e.g. {bf[0]}): judged against the {'/'.join(kinds)} noise floor")
+    return out
 
 
 def _unique(views: list[TensorView]) -> list[TensorView]:
@@ -175,17 +226,18 @@ def _reference_slots(plan: align.Plan, ref_fp: dict, tol: ToleranceModel) -> tup
     return streams, found_names
 
 
-def _screen(results: list[Result], ref_fp: dict, cand_fp: dict, tol: ToleranceModel) -> None:
+def _screen(cmp: Comparison) -> None:
     """Rank references for every float candidate on the sample (slots always, pairs when off)."""
-    for r in results:
-        if not (r.cand.is_float and r.cand.cols > 1) or _key(r.cand) not in ref_fp:
+    tol = cmp.tol
+    for r in cmp.results:
+        if not (r.cand.is_float and r.cand.cols > 1) or _key(r.cand) not in cmp.ref_fp:
             continue
-        rfp, cfp = ref_fp[_key(r.cand)], cand_fp[_key(r.cand)]
+        rfp, cfp = cmp.ref_fp[_key(r.cand)], cmp.cand_fp[_key(r.cand)]
         same = _same_floor(tol)
         expected_in = r.expected is not None and r.ref is not None and r.ref.name in rfp
-        if expected_in and r.slot is None:
+        if expected_in and r.slot is None and r.concat_of is None:
             d = cfp.distance(r.cand.name, r.ref.name, rfp)
-            if d <= tol.dtype_floor(r.ref.dtype, r.cand.dtype):
+            if d <= cmp.noise_floor(r)[0]:
                 continue  # same-name pair that already agrees: no identification needed
         pool = list(rfp.names)
         r.ident = identify.rank(r.cand.name, cfp, rfp, pool, same)
@@ -194,17 +246,17 @@ def _screen(results: list[Result], ref_fp: dict, cand_fp: dict, tol: ToleranceMo
             r.ident.expected_distance = cfp.distance(r.cand.name, r.ref.name, rfp)
             hidden_pool = [n for n in pool if names.parse(n).kind == names.HIDDEN]
             r.ident.gap = identify.neighbour_gap(r.ref.name, rfp, hidden_pool, same)
-    _assign_slots([r for r in results if r.slot is not None and r.ident], tol)
+    _assign_slots(cmp, [r for r in cmp.results if r.slot is not None and r.ident])
 
 
-def _assign_slots(slots: list[Result], tol: ToleranceModel) -> None:
+def _assign_slots(cmp: Comparison, slots: list[Result]) -> None:
     """Joint assignment over slots; when the expected reference is as good as the best
     (within noise), it wins the tie, so equal layers never cause a false alarm."""
     options = []
     for r in slots:
         assert r.ident is not None
         best = r.ident.best.distance if r.ident.best else math.inf
-        floor = tol.dtype_floor(r.cand.dtype, "float32")
+        floor = cmp.tol.dtype_floor(cmp.dtype("cand", r.cand), "float32")
         if best > 3 * floor:  # nothing matches: no tie to break, keep the plain ranking
             options.append([(x.name, x.distance) for x in r.ident.ranking[:1]])
             continue
@@ -220,29 +272,30 @@ def _assign_slots(slots: list[Result], tol: ToleranceModel) -> None:
             r.ident.promote(name, r.ident.expected_distance if name == r.ident.expected else None)
 
 
-def _measure(results: list[Result], tol: ToleranceModel, progress: ProgressFactory | None) -> None:
+def _measure(cmp: Comparison, progress: ProgressFactory | None) -> None:
     """Full streaming metrics for (cand, expected); identification already has what it
     needs from the fingerprints, so nothing else is read in full."""
+    tol = cmp.tol
     jobs: dict[tuple[int, int], list[tuple[Result, str, TensorView, TensorView, float, float]]] = defaultdict(list)
-    for r in results:
+    for r in cmp.results:
         if r.ref is None:
-            r.status = "unpaired"
+            r.status = Status.unverified if r.expected_stream is not None else Status.unpaired
             continue
         if r.cand.numel == 0 or r.ref.numel == 0:
-            r.status = "empty" if r.cand.numel == r.ref.numel == 0 else "shape"
+            same = r.cand.numel == r.ref.numel == 0 and tuple(r.cand.shape) == tuple(r.ref.shape)
+            r.status = Status.empty if same else Status.shape
             continue
         if (r.cand.rows, r.cand.cols) != (r.ref.rows, r.ref.cols):
-            r.status = "shape"
+            r.status = Status.shape
             continue
         if not (r.cand.is_float and r.ref.is_float):
             if r.cand.numel * 8 > 2 * 1024**3:
                 r.notes.append("integer tensor too large to compare exactly")
                 continue
             r.exact = exact_compare(r.ref.read_all().reshape(-1), r.cand.read_all().reshape(-1))
-            r.status = "ok" if r.exact["mismatched"] == 0 and r.cand.dtype == r.ref.dtype or \
-                (r.exact["mismatched"] == 0) else "exact_mismatch"
+            r.status = Status.ok if r.exact["mismatched"] == 0 else Status.exact_mismatch
             continue
-        rtol, atol = tol.element_tol(r.ref.dtype, r.cand.dtype)
+        rtol, atol = tol.element_tol(cmp.dtype("ref", r.ref), cmp.dtype("cand", r.cand))
         jobs[_key(r.cand)].append((r, "expected", r.ref, r.cand, rtol, atol))
     total = sum(v.rows for group in jobs.values() for v in [group[0][3]])
     tick = progress("measuring", total) if progress and total else None
@@ -252,30 +305,72 @@ def _measure(results: list[Result], tol: ToleranceModel, progress: ProgressFacto
             r.metrics = m
 
 
-def _judge(results: list[Result], tol: ToleranceModel) -> None:
-    """ok: within the effective floor and identified as the expected tensor; else drift
-    (still closest to the expected one) or mismatch. Diagnosis explains both."""
-    for r in results:
+def _judge(cmp: Comparison) -> None:
+    """ok: within the effective floor, every token within reach of it, and identified as
+    the expected tensor; drift: still the expected tensor, with error; bad_tokens: the
+    tensor agrees but a few positions do not; else mismatch. Diagnosis explains them."""
+    tol = cmp.tol
+    for r in cmp.results:
+        if r.status in (Status.unpaired, Status.unverified):
+            r.matched = _matches_something(cmp, r)
+            continue
         if r.metrics is None or r.ref is None:
             continue
         m = r.metrics
         if m.nonfinite_cand or m.nonfinite_ref:
-            r.status = "nonfinite"
+            r.status = Status.nonfinite
             continue
         gap = r.ident.gap if r.ident else None
-        r.floor, r.floor_why = tol.floor(r.name, r.ref.dtype, r.cand.dtype, gap)
+        r.floor, r.floor_why = cmp.noise_floor(r, gap)
+        noise = cmp.noise_floor(r, gap, user=False)[0]
         d = m.token_rel_diff
         ident_ok = r.ident is None or r.ident.best is None or r.ref.name in r.ident.group \
             or r.identified == r.ref.name \
-            or (r.ident.expected_distance is not None and r.ident.expected_distance <= r.floor)
+            or (r.ident.expected_distance is not None and r.ident.expected_distance <= noise)
+        r.matched = r.ident is not None and r.ident.best is not None and \
+            r.ident.best.distance <= MATCH_FACTOR * cmp.noise_floor(r, user=False)[0]
         strict_bad = tol.elementwise_strict and m.mismatched > 0
-        if d <= r.floor and ident_ok and not strict_bad:
-            r.status = "ok"
-        elif ident_ok and ((gap is None and d <= DRIFT_WITHOUT_GAP * r.floor) or
-                           (gap is not None and (d < gap / 2 or _clear_best(r)))):
-            r.status = "drift"  # still closest to the expected tensor: the same tensor, with error
+        per_row = m.per_row if m.per_row is not None else np.zeros(0)
+        bad = np.flatnonzero(per_row > TOKEN_FACTOR * r.floor) if per_row.size else np.zeros(0, dtype=np.int64)
+        r.bad_tokens = [int(i) for i in bad]
+        rest_ok = bool(per_row.size) and 0 < len(bad) <= MAX_BAD_FRACTION * per_row.size and \
+            float(np.delete(per_row, bad).mean()) <= r.floor
+        if d <= r.floor and ident_ok and not strict_bad and not len(bad):
+            r.status = Status.ok
+        elif rest_ok and not strict_bad:
+            r.status = Status.bad_tokens
+        elif d <= r.floor and not ident_ok and not strict_bad and _user_floor(r):
+            r.status, r.tolerated = Status.ok, True  # the user's tolerance allows it; say what it holds
+        elif ident_ok and d <= DRIFT_WITHOUT_GAP * r.floor and (gap is None or d < gap / 2):
+            r.status = Status.drift  # still closest to the expected tensor: the same tensor, with error
+        elif ident_ok and _clear_best(r) and _adjacent_recorded(cmp, r):
+            r.status = Status.drift  # beyond 10x, but the expected stream is still clearly the nearest
         else:
-            r.status = "mismatch"
+            r.status = Status.mismatch
+
+
+def _user_floor(r: Result) -> bool:
+    return r.floor_why.startswith(("rule ", "--threshold"))
+
+
+def _matches_something(cmp: Comparison, r: Result) -> bool:
+    """An unpaired slot *is* a reference tensor only when it is within noise of it."""
+    if r.ident is None or r.ident.best is None:
+        return False
+    best = cmp.ref_view(r.ident.best.name)
+    low = cmp.tol.dtype_floor(cmp.dtype("cand", r.cand), cmp.dtype("ref", best) if best is not None else "float32")
+    return r.ident.best.distance <= MATCH_FACTOR * low
+
+
+def _adjacent_recorded(cmp: Comparison, r: Result) -> bool:
+    """Drift past 10x the floor needs the neighbouring streams in the reference to rule
+    out an off-by-one: a thin reference cannot tell a one-layer offset from drift."""
+    s = r.expected_stream if r.expected_stream is not None else cmp.stream_of(r.expected)
+    if s is None:
+        return False
+    fp = cmp.ref_fp.get(_key(r.cand))
+    have = {cmp.stream_of(n) for n in (fp.names if fp is not None else [])}
+    return (s - 1 in have or s == 0) and (s + 1 in have or s == max((x for x in have if x is not None), default=s))
 
 
 def _clear_best(r: Result) -> bool:

@@ -5,6 +5,13 @@ slot. Instead one pass reads a fixed sample of token rows of every reference ten
 fingerprint: attention-sink rows first, then evenly spaced rows), and ranks references by
 token rel_diff on that sample. Full metrics are computed afterwards only for the few
 pairs that matter (expected and identified). Memory is bounded by ``budget_bytes``.
+
+Cost in the number of tensors n (docs/performance.md, "Many tensors"): building the
+fingerprints, checking a same-name pair and every name look-up are O(1) per tensor (one
+pair distance is O(rows x cols) on the sample, never a row of n distances); ranking one
+candidate is one batched product over the pool, O(n) in C plus O(selected) in Python, so
+identifying m candidates costs O(m * n * sample) arithmetic and O(n) memory at any time
+(the memo of distance rows is bounded by ``MEMO_BYTES``).
 """
 
 from __future__ import annotations
@@ -12,8 +19,10 @@ from __future__ import annotations
 import itertools
 import math
 import os
+from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Union
 
 import numpy as np
 
@@ -21,9 +30,12 @@ from consistency.dump import names
 from consistency.dump.reader import TensorView
 
 DEFAULT_BUDGET = int(os.environ.get("CONSISTENCY_SAMPLE_MB", "192")) * 1024 * 1024
+MEMO_BYTES = 64 * 1024 * 1024  # distance rows kept per Fingerprints (each row is 8 bytes x tensors)
 MAX_SAMPLE = 256
 MIN_SAMPLE = 16
 HEAD_ROWS = 4  # massive-activation / sink tokens live at the start
+MAX_GROUPS = 6  # rank() keeps this many groups of equal references
+_FIRST_PICK = 64  # rank() sorts this many nearest references first, more only if merging needs them
 
 
 def sample_index(rows: int, k: int, block: int = 8) -> np.ndarray:
@@ -70,16 +82,22 @@ class Fingerprints:
         cuts = np.flatnonzero(np.diff(index) != 1) + 1  # contiguous runs of the sample
         runs = [(int(r[0]), int(r[-1]) + 1) for r in np.split(index, cuts) if len(r)]
         cols = views[0].cols if views else 0
-        self.stack = np.zeros((len(index), len(views), cols))
+        self.stack = np.empty((len(index), len(views), cols))  # every entry is written below
         for j, v in enumerate(views):
             at = 0
             for a, b in runs:
                 rows = v.rows_float(a, b, np.float64 if v.dtype == "float64" else np.float32)
-                self.stack[at:at + b - a, j] = np.clip(rows, -1e150, 1e150) if rows.dtype == np.float64 else rows
+                if rows.dtype == np.float64:
+                    rows = np.clip(rows, -1e150, 1e150)  # squares stay finite
+                if not np.isfinite(rows).all():  # NaN/inf rows are zero in the fingerprint
+                    rows = np.where(np.isfinite(rows), rows, 0.0)
+                self.stack[at:at + b - a, j] = rows
                 at += b - a
-        self.stack[~np.isfinite(self.stack)] = 0.0
         self.sqn = np.einsum("knh,knh->kn", self.stack, self.stack)  # [k, n]
-        self._memo: dict[tuple[str, int], np.ndarray] = {}
+        self._memo: OrderedDict[tuple[str, int], np.ndarray] = OrderedDict()
+        self._memo_rows = max(1, MEMO_BYTES // max(1, 8 * len(self.names)))
+        self._kinds: dict[str, np.ndarray] = {}
+        self._order: tuple[np.ndarray, np.ndarray] | None = None
 
     @property
     def data(self) -> dict[str, np.ndarray]:
@@ -92,29 +110,75 @@ class Fingerprints:
     def __contains__(self, name: str) -> bool:
         return name in self.pos
 
+    # -- per-name facts, computed once per set (never once per candidate) ------------------
+    def of_kind(self, *kinds: str) -> np.ndarray:
+        """Positions of the tensors whose name is of one of ``kinds`` (e.g. ``hidden``), in order."""
+        key = ",".join(kinds)
+        if key not in self._kinds:
+            self._kinds[key] = np.fromiter((i for i, n in enumerate(self.names) if names.parse(n).kind in kinds),
+                                           dtype=np.int64)
+        return self._kinds[key]
+
+    def positions(self, pool: Sequence[str] | None) -> np.ndarray | None:
+        """Positions of ``pool`` (None: every tensor); names not held here are skipped."""
+        if pool is None or pool is self.names or (len(pool) == len(self.names) and list(pool) == self.names):
+            return None
+        return np.fromiter((self.pos[n] for n in pool if n in self.pos), dtype=np.int64)
+
+    def _tiebreak(self) -> tuple[np.ndarray, np.ndarray]:
+        """(name preference, rank of the name as a string) per tensor: rank()'s tie order."""
+        if self._order is None:
+            pref = np.fromiter((names.preference(n) for n in self.names), dtype=np.int64, count=len(self.names))
+            alpha = np.empty(len(self.names), dtype=np.int64)
+            alpha[np.array(sorted(range(len(self.names)), key=self.names.__getitem__), dtype=np.int64)] = \
+                np.arange(len(self.names))
+            self._order = (pref, alpha)
+        return self._order
+
+    # -- distances ---------------------------------------------------------------------------
     def distances(self, a: str, other: Fingerprints | None = None) -> np.ndarray:
         """Token rel_diff from tensor ``a`` (of self) to every tensor of ``other``, via
         Σa²+Σb²-2Σab in fp64 (the cancellation is far below any floor)."""
         src = other if other is not None else self
         key = (a, id(src))
-        if key not in self._memo:
-            x = self.stack[:, self.pos[a]]  # [k, h]
-            if src.stack.shape[0] != x.shape[0] or src.stack.shape[2] != x.shape[1]:
-                self._memo[key] = np.full(len(src.names), math.inf)
-            elif x.shape[0] == 0:  # no rows: nothing differs
-                self._memo[key] = np.zeros(len(src.names))
-            else:
-                dots = np.matmul(src.stack, x[:, :, None])[..., 0]  # [k, n]
-                den = self.sqn[:, self.pos[a]][:, None] + src.sqn
-                num = np.maximum(den - 2.0 * dots, 0.0)
-                out = np.zeros_like(num)
-                np.divide(num, den, out=out, where=den > 0)
-                self._memo[key] = out.mean(axis=0)
-        return self._memo[key]
+        hit = self._memo.get(key)
+        if hit is not None:
+            self._memo.move_to_end(key)
+            return hit
+        x = self.stack[:, self.pos[a]]  # [k, h]
+        if src.stack.shape[0] != x.shape[0] or src.stack.shape[2] != x.shape[1]:
+            out = np.full(len(src.names), math.inf)
+        elif x.shape[0] == 0:  # no rows: nothing differs
+            out = np.zeros(len(src.names))
+        else:
+            dots = np.matmul(src.stack, x[:, :, None])[..., 0]  # [k, n]
+            out = _rel(self.sqn[:, self.pos[a]][:, None] + src.sqn, dots)
+        self._memo[key] = out
+        if len(self._memo) > self._memo_rows:  # bounded: a row per candidate would be O(n²) memory
+            self._memo.popitem(last=False)
+        return out
 
     def distance(self, a: str, b: str, other: Fingerprints | None = None) -> float:
+        """One pair, O(sample) work: a memoized row when there is one, else just this pair."""
         src = other if other is not None else self
-        return float(self.distances(a, src)[src.pos[b]])
+        row = self._memo.get((a, id(src)))
+        if row is not None:
+            return float(row[src.pos[b]])
+        x, y = self.stack[:, self.pos[a]], src.stack[:, src.pos[b]]
+        if x.shape != y.shape:
+            return math.inf
+        if x.shape[0] == 0:
+            return 0.0
+        dots = np.matmul(y[:, None, :], x[:, :, None])[..., 0]  # [k, 1], as one column of distances()
+        return float(_rel(self.sqn[:, self.pos[a]][:, None] + src.sqn[:, src.pos[b]][:, None], dots)[0])
+
+
+def _rel(den: np.ndarray, dots: np.ndarray) -> np.ndarray:
+    """Mean over sampled rows of (Σa²+Σb²-2Σab)/(Σa²+Σb²), per column of ``den``/``dots`` [k, n]."""
+    num = np.maximum(den - 2.0 * dots, 0.0)
+    out = np.zeros_like(num)
+    np.divide(num, den, out=out, where=den > 0)
+    return out.mean(axis=0)
 
 
 @dataclass
@@ -166,18 +230,46 @@ class Identification:
         return r.distance / b.distance
 
 
-def rank(cand: str, cfp: Fingerprints, rfp: Fingerprints, candidates: Sequence[str], same_floor: float) -> Identification:
-    """Rank reference ``candidates`` for one candidate tensor; merge references equal to each other."""
+Pool = Union[Sequence[str], np.ndarray, None]  # names, positions in the reference Fingerprints, or None for all
+
+
+def _pool_positions(fp: Fingerprints, pool: Pool) -> np.ndarray | None:
+    if isinstance(pool, np.ndarray):
+        return pool.astype(np.int64, copy=False)
+    return fp.positions(pool)
+
+
+def _nearest_first(all_d: np.ndarray, rfp: Fingerprints, at: np.ndarray | None) -> Iterable[tuple[float, str]]:
+    """(distance, name) in the order of sorted((d, preference, name)), the nearest
+    ``_FIRST_PICK`` (and every tie with the last of them) sorted first, the rest only if asked."""
+    pos = np.arange(len(all_d), dtype=np.int64) if at is None else at
+    d = all_d[pos]
+    pref, alpha = rfp._tiebreak()
+    if len(pos) > _FIRST_PICK:
+        cut = np.partition(d, _FIRST_PICK - 1)[_FIRST_PICK - 1]
+        near = d <= cut
+        parts = [(pos[near], d[near]), (pos[~near], d[~near])]
+    else:
+        parts = [(pos, d)]
+    for p, dd in parts:
+        order = np.lexsort((alpha[p], pref[p], dd))
+        for i in order:
+            yield float(dd[i]), rfp.names[p[i]]
+
+
+def rank(cand: str, cfp: Fingerprints, rfp: Fingerprints, candidates: Pool, same_floor: float) -> Identification:
+    """Rank reference ``candidates`` (None: all of ``rfp``) for one candidate tensor; merge
+    references equal to each other. Sorting touches only the nearest few in Python."""
     all_d = cfp.distances(cand, rfp)
-    dist = sorted(((float(all_d[rfp.pos[r]]), names.preference(r), r) for r in candidates))
     ranked: list[Ranked] = []
     groups: list[list[str]] = []
-    for d, _pref, r in dist:
+    window = 2 * math.sqrt(same_floor)
+    for d, r in _nearest_first(all_d, rfp, _pool_positions(rfp, candidates)):
         # a reference within same_floor of an already-ranked one is the same tensor: merge.
         # sqrt(token rel_diff) behaves like a distance, so only near-equal ones are checked.
         merged = False
         for g_i, grp in enumerate(groups):
-            if abs(math.sqrt(d) - math.sqrt(ranked[g_i].distance)) > 2 * math.sqrt(same_floor):
+            if abs(math.sqrt(d) - math.sqrt(ranked[g_i].distance)) > window:
                 continue
             if rfp.distance(grp[0], r) <= same_floor:
                 grp.append(r)
@@ -186,21 +278,26 @@ def rank(cand: str, cfp: Fingerprints, rfp: Fingerprints, candidates: Sequence[s
                     ranked[g_i] = Ranked(r, d)
                 break
         if not merged:
-            if len(groups) >= 6:
+            if len(groups) >= MAX_GROUPS:
                 break
             groups.append([r])
             ranked.append(Ranked(r, d))
     return Identification(cand, ranked, [sorted(g, key=names.sort_key) for g in groups])
 
 
-def neighbour_gap(expected: str, rfp: Fingerprints, pool: Sequence[str], same_floor: float) -> float | None:
-    """Distance from ``expected`` to the nearest other reference stream (its own copies excluded)."""
-    best = math.inf
+def neighbour_gap(expected: str, rfp: Fingerprints, pool: Pool, same_floor: float) -> float | None:
+    """Distance from ``expected`` to the nearest other reference stream (its own copies
+    excluded). ``pool``: names, positions (e.g. ``rfp.of_kind(names.HIDDEN)``) or None (all)."""
     all_d = rfp.distances(expected)
-    for r in pool:
-        d = float(all_d[rfp.pos[r]])
-        if r != expected and d > same_floor:
-            best = min(best, d)
+    at = _pool_positions(rfp, pool)
+    d = all_d if at is None else all_d[at]
+    keep = d > same_floor
+    me = rfp.pos[expected]
+    if at is None:
+        keep[me] = False
+    else:
+        keep &= at != me
+    best = float(d[keep].min()) if keep.any() else math.inf
     return None if math.isinf(best) else best
 
 

@@ -147,10 +147,12 @@ REGISTRY: tuple[Convention, ...] = (
     Convention("speculators", "speculators", "id j is stream j (vLLM's meaning); data generation appends N (pre-norm last state)",
                "vllm-project/speculators models/eagle3/config.py, models/utils.py resolve_target_layer_ids",
                id_location="eagle_aux_hidden_state_layer_ids (top level)"),
-    Convention("specforge", "specforge", "id j is the output of layer j: stream j+1 (HF backend hooks layers[j])",
-               "sgl-project/SpecForge specforge/algorithms/model_providers.py resolve_eagle_capture_layers",
-               map_id=_plus_one,
-               id_location="model.aux_hidden_state_layer_ids, else eagle_config.eagle_aux_hidden_state_layer_ids"),
+    Convention("specforge-hf", "specforge-hf", "id j is the output of layer j: stream j+1 (HF backend hooks "
+               "layers[j]; SGLang before 0.5.13 adds 1 for every model file)",
+               "sgl-project/SpecForge before its SGLang-only runtime (HF backend, sglang 0.5.4-0.5.9); "
+               "specforge/algorithms/model_providers.py resolve_eagle_capture_layers", map_id=_plus_one,
+               id_location="model.aux_hidden_state_layer_ids, else eagle_config.eagle_aux_hidden_state_layer_ids",
+               aliases=("specforge-legacy",)),
     Convention("modelopt", "modelopt", "id j is the output of layer j: stream j+1",
                "NVIDIA/Model-Optimizer modelopt/torch/speculative/plugins/hf_eagle.py", map_id=_plus_one,
                default_streams=_default_modelopt, id_location="eagle_config.eagle_aux_hidden_state_layer_ids", sorts=True),
@@ -159,16 +161,40 @@ REGISTRY: tuple[Convention, ...] = (
                captured=_SGLANG_CAPTURED,
                aliases=("tensorrt-llm", "tensorrt_llm")),
 )
-LATEST_KNOWN = {"sglang": "0.5.23", "vllm": "0.33.0", "speculators": "0.9.0"}
+LATEST_KNOWN = {"sglang": "0.5.23", "vllm": "0.33.0", "speculators": "0.9.0", "specforge": "0.2.0"}
+# The first release of each runtime that serves EAGLE-3 at all: an older version cannot run the draft.
+FIRST_EAGLE3 = {"sglang": ((0, 4, 4), "sglang PR #4247 (EAGLE-3, March 2025)"),
+                "vllm": ((0, 8, 5), "vllm PR #16937 ([V1][Spec Decode] EAGLE-3 Support, April 2025)")}
 
-_VERSION_RE = re.compile(r"^v?(\d+(?:\.\d+)*)")
+# A release number, optionally with a PEP 440 pre/post/dev/local part (0.5.12.post1, 0.9.0rc2, 0.8.5+cu128);
+# anything else (0.5.12@1, 0.5.x, latest) is malformed.
+_VERSION_RE = re.compile(r"^v?(\d+(?:\.\d+)*)(?:[.-]?(?:post|rc|dev|a|b)\d*)*(?:\+[A-Za-z0-9.]+)?$")
 
 
 def parse_version(text: str) -> tuple[int, ...]:
+    """``0.5.12`` -> (0, 5, 12); ``0.5.12.post1`` -> (0, 5, 12); malformed text is a ValueError."""
     m = _VERSION_RE.match(text.strip())
     if not m:
-        raise ValueError(f"unparseable version {text!r}")
+        raise ValueError(f"malformed version {text!r} (expected digits and dots, e.g. 0.5.12 or 0.5.12.post1)")
     return tuple(int(x) for x in m.group(1).split("."))
+
+
+def check_version(runtime: str, version: tuple[int, ...] | None) -> str | None:
+    """Older than the first release serving EAGLE-3: ValueError (the draft cannot run there).
+    Newer than the newest release the tables were checked on: plausible, so the newest
+    known release's behaviour is assumed, and the returned sentence says so."""
+    if version is None:
+        return None
+    first = FIRST_EAGLE3.get(runtime)
+    text = ".".join(map(str, version))
+    if first is not None and version < first[0]:
+        raise ValueError(f"{runtime} {text} predates EAGLE-3 support (first in {runtime} "
+                         f"{'.'.join(map(str, first[0]))}: {first[1]})")
+    newest = LATEST_KNOWN.get(runtime)
+    if newest is not None and version > parse_version(newest):
+        return (f"{runtime} {text} is newer than any release these rules were checked on: assumed the behaviour "
+                f"of {runtime} {newest}, the nearest known release")
+    return None
 
 
 @dataclass(frozen=True)
@@ -179,7 +205,7 @@ class Resolved:
 
 
 def names() -> list[str]:
-    return sorted({c.runtime for c in REGISTRY} | {a for c in REGISTRY for a in c.aliases})
+    return sorted({c.runtime for c in REGISTRY} | {a for c in REGISTRY for a in c.aliases} | {"specforge"})
 
 
 def _covers(c: Convention, v: tuple[int, ...] | None) -> bool:
@@ -190,17 +216,24 @@ def _covers(c: Convention, v: tuple[int, ...] | None) -> bool:
 
 def resolve(spec: str, architecture: str | None = None) -> Resolved:
     """``sglang@0.5.5`` -> the rule for that version (and target architecture, where the
-    runtime's rule differs by model file); without a version, the newest rule, stated."""
+    runtime's rule differs by model file); without a version, the newest rule, stated.
+    ``specforge[@VER]`` is read through the SGLang release SpecForge captured with
+    (:func:`resolve_specforge`)."""
     name, _, ver = spec.strip().partition("@")
     key = name.strip().lower()
+    if key == "specforge":
+        from consistency.contract.runtime_model import resolve_specforge
+
+        return resolve_specforge(ver, architecture)
     exact = [c for c in REGISTRY if c.code == key]
-    if exact:
-        return Resolved(exact[0], ver or None, None)
-    cands = [c for c in REGISTRY if c.runtime == key or key in c.aliases]
+    cands = exact or [c for c in REGISTRY if c.runtime == key or key in c.aliases]
     if not cands:
         raise KeyError(f"unknown convention {spec!r}; known: {', '.join(names())}")
-    notes: list[str] = []
     v = parse_version(ver) if ver else None
+    newer = check_version(cands[0].runtime, v)  # too old for EAGLE-3: ValueError
+    if exact:
+        return Resolved(exact[0], ver or None, newer)
+    notes = [newer] if newer else []
     if v is None and any(c.min_version or c.max_version for c in cands):
         notes.append(f"no {key} version given: assumed {key}@{LATEST_KNOWN.get(key, 'latest')}'s rule; pass {key}@VERSION to pin it")
     arch_specific = [c for c in cands if c.architectures]
@@ -363,30 +396,3 @@ def vllm_runner(version: tuple[int, ...] | None, architecture: str | None, is_mo
     if architecture in archs:
         return "v2", f"{architecture} is on vllm {'.'.join(map(str, version))}'s default-V2 list"
     return "v1", "MoE targets stay on the V1 runner by default before vllm 0.29"
-
-
-def version_points(runtime: str) -> list[tuple[tuple[int, ...] | None, tuple[int, ...] | None, tuple[int, ...] | None]]:
-    """(lo, hi, representative) for each range between the version boundaries this module
-    knows for ``runtime``: what a linter evaluates when no version is pinned. The last
-    range's representative is None, which every table reads as "the newest release"."""
-    cuts: set[tuple[int, ...]] = set()
-    for c in (*REGISTRY, *ID_SOURCES, *CAPTURE_LIMITS):
-        if c.runtime == runtime:
-            cuts.update(v for v in (c.min_version, c.max_version) if v)
-    if runtime == "vllm":
-        cuts.update({VLLM_V2_DENSE, VLLM_V2_ALL, *(v for v, _ in VLLM_V2_MOE_ARCHS)})
-    edges = sorted(cuts)
-    out: list[tuple[tuple[int, ...] | None, tuple[int, ...] | None, tuple[int, ...] | None]] = []
-    for i, b in enumerate(edges):
-        k = max((j for j, x in enumerate(b) if x > 0), default=0)
-        below = (*b[:k], b[k] - 1, 10**6)  # just under the boundary: 0.5.13 -> 0.5.12.1000000
-        out.append((edges[i - 1] if i else None, b, below))
-    out.append((edges[-1] if edges else None, None, None))
-    return out
-
-
-def range_label(lo: tuple[int, ...] | None, hi: tuple[int, ...] | None) -> str:
-    """'>=0.5.13,<0.5.17', '<0.5.13', '>=0.5.22' or 'any'."""
-    fmt = ".".join
-    parts = ([f">={fmt(map(str, lo))}"] if lo else []) + ([f"<{fmt(map(str, hi))}"] if hi else [])
-    return ",".join(parts) or "any"

@@ -99,9 +99,99 @@ CODES: dict[str, Code] = {c.code: c for c in (
     Code("REPLAY_ESTIMATE", _I,
          "the dump's tokens are not the target's own greedy continuation, so chained steps are an estimate",
          "record the dumps on text the target generated greedily, or use --feed auto/teacher; step 1 is exact either way"),
+    Code("TOKENS_EXTRA", _W, "the candidate holds tokens the reference lacks (at the start, in the middle or after its end)",
+         "tokenize the same way on both sides: same chat template, same system prompt, same BOS handling; "
+         "tokens after the reference's end (decode steps) are expected and only reported",
+         "SpecForge issue #296 (chat template differed between training and data generation)"),
+    Code("TOKENS_MISSING", _W, "the reference holds tokens the candidate lacks",
+         "record the whole prompt on the serving side, or record positions so a prefix-cache hit is recognised",
+         "SpecForge issue #296"),
+    Code("CONTEXT_DIFFERS", _E, "aligned tokens saw different tokens before them on the two sides (a template, "
+         "system prompt or BOS difference): every later state differs a little for that reason alone",
+         "apply the same chat template, system prompt and BOS on both sides (training data generation and serving); "
+         "do not read the resulting drift as a layer or norm problem",
+         "SpecForge issue #296"),
+    Code("NO_COMMON_TOKENS", _E, "the two sides share no run of tokens (different prompts): nothing can be compared",
+         "record both sides on the same prompt (the same input_ids)",
+         "SGLang 0.5.23's comparator (--token-aligner smart) reports PASS after comparing 0 tokens (issue 14)"),
     Code("IDENTIFICATION_AMBIGUOUS", _W, "the slot matches two reference streams almost equally",
          "record more tokens or a longer prompt; near-identical layers cannot be told apart"),
+    # trust on inputs we did not write (issue 13)
+    Code("NOT_VERIFIED", _E, "the slot could not be checked: the reference does not record the stream it should hold",
+         "record the reference with that stream (record --aux-layers, or every stream), or give a reference that has it"),
+    Code("EXPECTATION_UNKNOWN", _W, "the slot holds a recorded stream, but nothing says which stream it should hold",
+         "give --contract, --layer-ids or a reference with aux slots, so the slot can be verified"),
+    Code("UNMATCHED", _E, "the slot matches no tensor of the reference: it is none of the recorded streams",
+         "check what the serving side captures; record every stream on the reference side to identify it"),
+    Code("BAD_TOKENS", _E, "a few token positions differ far beyond the noise floor while the rest agree",
+         "check BOS handling, position 0, padding and the tokens named; EAGLE accepts token by token",
+         "seed story; SpecForge issue #296"),
+    Code("ZERO_VALUES", _E, "the slot (or some of its feature columns) is all zeros where the reference is not",
+         "check that the capture point is written before it is read (an unfilled buffer) and the shard gather"),
+    Code("AUX_CONCAT_MISMATCH", _E, "the concatenated 'aux' disagrees with the per-slot 'aux.{i}' of the same file",
+         "record one of them, or make both come from the same capture: which one did the draft get?"),
+    Code("TOLERATED", _W, "passes only under a user tolerance: it holds another tensor than the one expected",
+         "tighten --tolerance/--threshold or fix the capture; the slot table says what it holds"),
+    Code("PROPAGATED", _W, "later tensors differ as a consequence of an earlier divergence",
+         "fix the first divergence (the root cause); these follow from it"),
+    Code("SIDES_SWAPPED", _W, "the reference's metadata says it is the serving side (or the candidate the training side)",
+         "pass the training dump first: consistency compare TRAIN SERVE"),
+    # pipeline stages and DP attention: what merging a layout's rank files finds (issue 16)
+    Code("STAGE_MISSING", _E, "a pipeline stage wrote no rank file: its layers were not recorded",
+         "record on every stage (a capture guarded by is_first_rank/is_last_rank records one) and pass every "
+         "node's files", "vLLM PR #45985 (aux states of non-last PP ranks dropped)"),
+    Code("STAGE_RANGES", _E, "pipeline stages' layer ranges overlap, or leave layers to no stage",
+         "declare each stage's global [start_layer, end_layer) as the runtime computes it (parallel.declare)"),
+    Code("STAGE_OUT_OF_RANGE", _E, "a pipeline stage recorded a stream or layer outside its own layer range",
+         "name tensors by the global layer index: start_layer + the index within the stage",
+         "vLLM PR #36731 (enumerate(islice(layers, start, end)) counts from 0)"),
+    Code("STAGE_CONFLICT", _E, "two pipeline stages recorded the same tensor with different values",
+         "a stream crossing a stage boundary is a copy: fix the stage whose name is wrong (often a local index)",
+         "vLLM PR #36731"),
+    Code("TOKEN_UNOWNED", _E, "a token is held by no data-parallel rank (DP attention): the merged dump lacks it",
+         "record on every DP rank, including ranks whose batch is empty, and declare each rank's tokens"),
+    Code("TOKEN_DUPLICATE", _E, "a token is held by two data-parallel ranks (DP attention)",
+         "declare each rank's own tokens (rows or request id + position); a token belongs to one DP rank"),
 )}
+
+
+# Where each rule without an upstream bug report comes from (kept beside the table so every
+# code has a source; tests/test_compare.py checks that none is empty).
+_OWN_SOURCES = {
+    "OK": "docs/tolerance.md: the noise model (dtype floor, neighbour gap)",
+    "MISMATCH": "torch.testing.assert_close: how many elements, how far, where",
+    "ORDER_MISMATCH": "conventions.md: slot order is the capture order, ascending by layer",
+    "NORM_MISSING": "speculators PR #313; SpecForge PR #879 (norm_output inverted)",
+    "SCALE_MISMATCH": "Gemma-style embedding scale sqrt(hidden_size) (HF modeling_gemma.py)",
+    "DTYPE_MISMATCH": "docs/tolerance.md: dtype floors (measured on SmolLM2-135M)",
+    "NUMERIC_DRIFT": "docs/tolerance.md: drift stays within 10x the floor and below half the neighbour gap",
+    "SHAPE_MISMATCH": "docs/format.md: rows x cols of a tensor",
+    "NONFINITE": "torch.testing.assert_close (equal_nan=False)",
+    "MISSING": "docs/format.md: names",
+    "EXTRA": "docs/format.md: names",
+    "UNKNOWN": "docs/findings.md: hypotheses tried, none brought the difference to the floor",
+    "REPLICA_MISMATCH": "SGLang debug_utils comparator: replicated-dims check",
+    "NOTHING_COMPARED": "issue 13: a comparison that checked nothing must not pass",
+    "EMPTY": "docs/format.md: a tensor with no rows",
+    "METADATA_DIFF": "deepdiff of the dumps' metadata (docs/format.md)",
+    "LAYOUT_ONLY": "seed story: the .clone() vs hidden_states + residual suspicion",
+    "IDENTIFICATION_AMBIGUOUS": "docs/tolerance.md: confidence = runner-up distance / match distance",
+    "NOT_VERIFIED": "issue 13: an expected stream the reference lacks is never OK",
+    "EXPECTATION_UNKNOWN": "issue 13: a reference with no aux slots",
+    "UNMATCHED": "issue 13: a slot that matches nothing is an error",
+    "AUX_CONCAT_MISMATCH": "docs/format.md: 'aux' is cat(aux.{i}, -1)",
+    "TOLERATED": "issue 13: user tolerances never turn into false identity claims",
+    "PROPAGATED": "seed story (VocabParallelEmbedding all-reduce): one divergence, every later stream differs",
+    "SIDES_SWAPPED": "docs/format.md: metadata side (training/serving)",
+    "ZERO_VALUES": "docs/findings.md: zeros fit 'a norm with weight 0'; they are reported as zeros",
+    "REPLAY_ESTIMATE": "docs/replay.md: chained steps on text the target did not generate",
+    "STAGE_RANGES": "docs/parallelism.md: each pipeline stage owns a contiguous layer range (SGLang --pp-size)",
+    "TOKEN_UNOWNED": "SGLang --enable-dp-attention: each DP rank holds other requests' tokens (docs/parallelism.md)",
+    "TOKEN_DUPLICATE": "SGLang --enable-dp-attention: each DP rank holds other requests' tokens (docs/parallelism.md)",
+}
+for _code, _src in _OWN_SOURCES.items():
+    if _code in CODES and not CODES[_code].source:
+        CODES[_code] = Code(_code, CODES[_code].severity, CODES[_code].title, CODES[_code].fix, _src)
 
 
 def lookup(code: str) -> Code:

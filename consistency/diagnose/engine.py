@@ -10,14 +10,18 @@ from __future__ import annotations
 
 import math
 
-from consistency.compare.engine import Comparison, Result
+from typing import Any
+
+from consistency.compare.engine import Comparison, Result, Status
 from consistency.compare.tolerance import AMBIGUOUS_RATIO, DRIFT_ERROR_FACTOR
 from consistency.contract.findings import Finding, Severity
-from consistency.diagnose import hypotheses, story
+from consistency.diagnose import causes, hypotheses, story
 from consistency.diagnose.evidence import Evidence, Explanation
 from consistency.dump import names
+from consistency.dump.stages import layout_findings
 
 HOLD_FACTOR = 3.0  # an exact explanation must leave at most 3x the noise floor
+EXPLAINS = 0.25  # ... and remove at least 3/4 of the difference (a 3.9e-5 -> 3.8e-5 "scale" explains nothing)
 APPROX_FACTOR = 0.5  # an approximate one must at least halve the distance (and pass its own checks)
 
 
@@ -35,23 +39,31 @@ def explain(cmp: Comparison) -> tuple[list[Finding], str]:
         findings.append(Finding.make("MISSING", f"{name}: the reference has it (or the contract expects it); "
                                      f"the candidate does not", tensor=None, expected=name))
     findings += _replicas(cmp)
-    if not cmp.results:
-        findings.append(Finding.make("NOTHING_COMPARED", f"no tensor of the candidate pairs with the reference "
-                                     f"(reference: {', '.join(cmp.ref.names[:6]) or 'none'}; candidate: "
-                                     f"{', '.join(cmp.cand.names[:6]) or 'none'})"))
+    findings += layout_findings(cmp.cand, "candidate") + layout_findings(cmp.ref, "reference")  # rank/stage sets
+    findings[:0] = _concat_checks(cmp)  # first: the other findings depend on which one the draft got
+    findings += _sides(cmp)
+    if not any(r.status in (Status.ok, Status.drift, Status.bad_tokens, Status.mismatch, Status.nonfinite,
+                            Status.exact_mismatch) for r in cmp.results):
+        findings.append(Finding.make("NOTHING_COMPARED", f"no tensor of the candidate could be compared with the "
+                                     f"reference (reference: {_names(cmp.ref.names)}; candidate: "
+                                     f"{_names(cmp.cand.names)})"))
     for name in cmp.plan.extra:
         findings.append(Finding.make("EXTRA", f"{name}: only in the candidate; not compared", tensor=name))
+    findings = causes.group_consequences(cmp, findings)
     cand_side, ref_side = _side(cmp, "cand"), _side(cmp, "ref")
     slots = sorted((r for r in cmp.results if r.slot is not None), key=lambda r: r.slot or 0)
     expected = [r.expected_stream if r.expected_stream is not None else cmp.stream_of(r.expected) for r in slots]
     got = [actual.get(r.slot or 0) for r in slots]
     st = story.tell(expected, got, cand_side, ref_side, ev._num_layers())
     claimed = cmp.plan.cand.claimed_streams
-    if st is None and slots and all(g is None for g in got) and claimed and len(claimed) == len(slots):
+    if st is None and slots and all(g is None for g in got) and claimed and len(claimed) == len(slots) \
+            and not any(r.status == Status.unpaired for r in slots):
         st = story.tell(expected, claimed, cand_side, ref_side, ev._num_layers())  # values could not tell
         if st is not None:
             st.sentence += f" (from the streams {cand_side} claims in its metadata; the values did not identify them)"
             st.detail["claimed"] = True
+    if st is None and slots and any(x is None for x in expected):  # a thin reference: its own slots tell it
+        st = story.tell_by_slot(*causes.slot_positions(cmp, slots), cand_side, ref_side)
     if st is not None and st.code != "LAYER_MISMATCH":
         findings.insert(0, Finding.make(st.code, st.sentence, tensor=names.AUX, evidence=st.detail))
     for f in findings:
@@ -59,11 +71,56 @@ def explain(cmp: Comparison) -> tuple[list[Finding], str]:
     return findings, _summary(cmp, findings, st, cand_side, ref_side)
 
 
+def _names(xs: list[str]) -> str:
+    return (", ".join(xs[:6]) + (f", ... ({len(xs)} in all)" if len(xs) > 6 else "")) if xs else "none"
+
+
+def _concat_checks(cmp: Comparison) -> list[Finding]:
+    """A file holding both ``aux`` and ``aux.{i}``: they must agree with each other."""
+    out = []
+    for which, side in (("candidate", cmp.plan.cand), ("reference", cmp.plan.ref)):
+        if not side.concat:
+            continue
+        bad = []
+        for i, (part, slot) in enumerate(zip(side.concat, side.slots, strict=False)):
+            d = _read_distance(part, slot)
+            floor = cmp.tol.dtype_floor(part.dtype, slot.dtype) / 20
+            if d > floor:
+                bad.append((i, d))
+        if bad:
+            where = ", ".join(f"slot {i} (token rel_diff {d:.3g})" for i, d in bad)
+            out.append(Finding.make("AUX_CONCAT_MISMATCH", f"{which} 'aux' and its per-slot aux.{{i}} disagree at "
+                                    f"{where}: which one did the draft get?", tensor=names.AUX if which == "candidate"
+                                    else None, evidence={"side": which, "slots": [i for i, _ in bad]}))
+    return out
+
+
+def _read_distance(a: Any, b: Any) -> float:
+    from consistency.compare import stream
+
+    if (a.rows, a.cols) != (b.rows, b.cols):
+        return float("inf")
+    m = stream.measure([(a, b, 0.0, 0.0)])[0]
+    return m.token_rel_diff if m.nonfinite_ref == m.nonfinite_cand == 0 else float("inf")
+
+
+def _sides(cmp: Comparison) -> list[Finding]:
+    """Metadata that says the reference is the serving side, or the candidate the training
+    side: the arguments are probably swapped (both sides training: maybe, say so)."""
+    r, c = cmp.plan.ref.side, cmp.plan.cand.side
+    if r == "serving" or c == "training":
+        how = "look swapped" if (r, c) != ("training", "training") else "may be swapped (both files say training)"
+        return [Finding.make("SIDES_SWAPPED", f"the reference's metadata says {r or 'nothing'} and the candidate's "
+                             f"{c or 'nothing'}: the arguments {how} (expected TRAINING first, SERVING second); "
+                             f"if so, read expected/holds below the other way round")]
+    return []
+
+
 def _replicas(cmp: Comparison) -> list[Finding]:
     """Tensor-parallel copies that should be identical and are not (rank files only)."""
     out = []
     for which, d in (("candidate", cmp.cand), ("reference", cmp.ref)):
-        for name, (spread, rank) in sorted(getattr(d, "replica_checks", {}).items()):
+        for name, (spread, rank) in sorted(d.replica_checks.items()):
             v = d.tensors.get(name)
             floor = cmp.tol.dtype_floor(v.dtype, v.dtype) if v is not None else 0.0
             if spread > floor:
@@ -97,65 +154,103 @@ def _finding(ev: Evidence, r: Result) -> tuple[list[Finding], int | None]:
         metrics.update(floor=r.floor, floor_source=r.floor_why)
     out: list[Finding] = []
     stream = None
-    if r.status == "ok":
+    if r.status == Status.ok:
+        held = r.holds
         stream = r.expected_stream if r.expected_stream is not None else cmp.stream_of(r.expected)
-        ident = r.ref.name if r.ident is None else (r.identified if r.ref and r.ref.name in r.ident.group else r.ref.name)
+        if r.tolerated:
+            stream = cmp.stream_of(r.identified)
+            out.append(Finding.make("TOLERATED", f"{label} passes {r.floor_why} but holds "
+                                    f"{ev.stream_name(r.identified or '?')}, not {ev.stream_name(r.expected or '')}",
+                                    identified_as=r.identified, metrics=metrics, **base))
+            return out, stream
         out.append(Finding.make("OK", f"{label} matches {r.expected} (token rel_diff "
                                 f"{r.metrics.token_rel_diff:.2e} <= {r.floor:.1e}, {r.floor_why})" if r.metrics else
-                                f"{label} equals {r.expected}", identified_as=ident, metrics=metrics, **base))
+                                f"{label} equals {r.expected}", identified_as=held, metrics=metrics, **base))
         if r.ref is not None and r.ref.dtype != r.cand.dtype:
             out.append(Finding.make("DTYPE_MISMATCH", f"{label} is {r.cand.dtype}, {r.expected} is {r.ref.dtype}; values "
-                                    f"agree within {r.floor_why or 'exact equality'}", identified_as=ident, **base))
+                                    f"agree within {r.floor_why or 'exact equality'}", identified_as=held, **base))
         if r.ident and r.slot is not None and (r.ident.confidence or math.inf) < AMBIGUOUS_RATIO:
             out.append(Finding.make("IDENTIFICATION_AMBIGUOUS", f"{label} matches {r.identified} but "
                                     f"{r.ident.runner_up.name if r.ident.runner_up else '?'} is only "
                                     f"{r.ident.confidence:.1f}x farther", identified_as=r.identified, metrics=metrics, **base))
         return out, stream
-    if r.status == "unpaired":
-        sev = Severity.error if r.slot is not None and cmp.plan.ref.slots else Severity.info
-        best = r.identified
-        msg = f"{label} has no reference to compare with ({r.why})"
-        if best:
-            msg += f"; it holds {ev.stream_name(best)}"
-            stream = cmp.stream_of(best)
-        code = "EXTRA" if r.slot is not None and cmp.plan.ref.slots else "OK"
-        return [Finding.make(code, msg, severity=sev, identified_as=best, metrics=metrics, **base)], stream
-    if r.status in ("shape", "empty"):
-        code = "EMPTY" if r.status == "empty" else "SHAPE_MISMATCH"
+    if r.status in (Status.unpaired, Status.unverified):
+        return _unpaired(ev, r, label, base, metrics)
+    if r.status in (Status.shape, Status.empty):
+        code = "EMPTY" if r.status == Status.empty else "SHAPE_MISMATCH"
         shp = lambda v: list(v.shape) if v is not None else None  # noqa: E731
         return [Finding.make(code, f"{label}: candidate shape {shp(r.cand)} vs reference {r.expected} {shp(r.ref)}",
                              metrics={"cand_shape": shp(r.cand), "ref_shape": shp(r.ref)}, **base)], None
-    if r.status == "nonfinite":
+    if r.status == Status.nonfinite:
         m = r.metrics
         assert m is not None
         sides = [f"{n} in the {side} (first at {metrics.get(key)})" for n, side, key in
                  ((m.nonfinite_cand, "candidate", "first_nonfinite_cand"), (m.nonfinite_ref, "reference", "first_nonfinite_ref"))
                  if n]
         return [Finding.make("NONFINITE", f"{label}: NaN/Inf values: " + "; ".join(sides), metrics=metrics, **base)], None
-    if r.status == "exact_mismatch":
+    if r.status == Status.exact_mismatch:
         ex = r.exact or {}
         return [Finding.make("MISMATCH", f"{label}: {ex.get('mismatched')} of {ex.get('numel')} values differ; first at "
                              f"{ex.get('first_mismatch_at')} (reference {ex.get('ref_value')}, candidate "
                              f"{ex.get('cand_value')})", metrics=ex, **base)], None
+    zero = causes.zeroed(ev, r, label, base, metrics)
+    if zero is not None:
+        return [zero], None
+    if r.status == Status.bad_tokens:
+        return [causes.bad_tokens(ev, r, label, base, metrics)], \
+            r.expected_stream if r.expected_stream is not None else cmp.stream_of(r.expected)
     return _explain(ev, r, label, base, metrics)
 
 
+def _unpaired(ev: Evidence, r: Result, label: str, base: dict, metrics: dict) -> tuple[list[Finding], int | None]:
+    """No reference to compare with: say what the values are, never call it OK."""
+    cmp = ev.cmp
+    held = r.identified if r.matched else None
+    stream = cmp.stream_of(held) if held else None
+    near = ", ".join(f"{cmp.canonical(x.name)} ({x.distance:.3g})" for x in (r.ident.ranking[:3] if r.ident else []))
+    holds = f"it holds {ev.stream_name(held)}" if held else \
+        f"it matches no reference tensor (nearest: {near or 'none comparable'})"
+    if r.status == Status.unverified:
+        want = story.describe(r.expected_stream or 0, ev._num_layers())
+        return [Finding.make("NOT_VERIFIED", f"{label} should hold {want}, which the reference does not record, so it "
+                             f"was not verified; {holds}", identified_as=held, metrics=metrics, **base)], stream
+    if held is None:
+        return [Finding.make("UNMATCHED", f"{label} has no expected reference ({r.why}) and {holds}",
+                             metrics=metrics, **base)], None
+    claimed = _claimed_stream(cmp, r)
+    if claimed is not None and stream is not None and claimed != stream:
+        return [Finding.make("LAYER_MISMATCH", f"{label} claims stream {claimed} in its metadata but {holds}",
+                             identified_as=held, metrics=metrics, evidence={"claimed": claimed, "stream": stream},
+                             **base)], stream
+    if r.slot is None:
+        return [Finding.make("EXTRA", f"{label} has no reference of its name; {holds}", identified_as=held,
+                             metrics=metrics, **base)], stream
+    return [Finding.make("EXPECTATION_UNKNOWN", f"{label}: {holds}; nothing says which stream it should hold "
+                         f"({r.why})", identified_as=held, metrics=metrics, **base)], stream
+
+
+def _claimed_stream(cmp: Comparison, r: Result) -> int | None:
+    c = cmp.plan.cand.claimed_streams
+    return c[r.slot] if r.slot is not None and c and r.slot < len(c) else None
+
+
 def _holds(x: Explanation, floor: float) -> bool:
+    """An explanation counts only when it removes most of the difference: exact ones
+    down to the noise floor, approximate ones (no parts to prove them) by half."""
     if x.approximate:
         return x.after <= APPROX_FACTOR * x.before
-    return x.after <= HOLD_FACTOR * floor and x.after < x.before
+    return x.after <= HOLD_FACTOR * floor and x.after <= EXPLAINS * x.before
 
 
 def _explain(ev: Evidence, r: Result, label: str, base: dict, metrics: dict) -> tuple[list[Finding], int | None]:
     assert r.metrics is not None and r.ref is not None and r.floor is not None
-    floor = max(r.floor, ev.cmp.tol.dtype_floor(r.ref.dtype, r.cand.dtype))
+    floor = max(r.floor, ev.cmp.noise_floor(r)[0]) if not r.floor_why.startswith(("rule ", "--threshold")) else \
+        ev.cmp.noise_floor(r)[0]
     tried = []
     for h in hypotheses.REGISTRY:
         x = h.test(ev, r)
         if x is not None:
             tried.append(x)
-            if not x.approximate and x.after <= floor:
-                break  # explained down to the noise floor: no other explanation can do better
     held = [x for x in tried if _holds(x, floor)]
     metrics = dict(metrics, tried={x.code: {"before": _g(x.before), "after": _g(x.after)} for x in tried})
     if held:
@@ -166,18 +261,21 @@ def _explain(ev: Evidence, r: Result, label: str, base: dict, metrics: dict) -> 
         return [Finding.make(x.code, f"{label} {x.message}", identified_as=x.identified_as, metrics=metrics,
                              evidence=ev_d, **base)], stream
     d = r.metrics.token_rel_diff
-    if r.status == "drift":
-        sev = Severity.warning if d <= DRIFT_ERROR_FACTOR * r.floor else Severity.error
+    if r.status == Status.drift:
+        strict = ev.cmp.tol.elementwise_strict and r.metrics.mismatched > 0  # --rtol/--atol: any element outside fails
+        sev = Severity.warning if d <= DRIFT_ERROR_FACTOR * r.floor and not strict else Severity.error
         gap = r.ident.gap if r.ident else None
         what = ev.stream_name(r.ref.name)
         near_other = f"; the nearest other stream is {gap:.2e} away" if gap else ""
         return [Finding.make("NUMERIC_DRIFT", f"{label} still holds {what} but differs by token rel_diff {d:.2e}, "
-                             f"{d / r.floor:.0f}x its noise floor ({r.floor_why}){near_other}",
+                             f"{d / r.floor:.0f}x its noise floor ({r.floor_why}){near_other}"
+                             + (f"; {r.metrics.mismatch_sentence(r.cand.shape)} (--rtol/--atol given)" if strict else ""),
                              severity=sev, identified_as=r.expected, metrics=metrics, **base)], r.expected_stream
     near = ", ".join(f"{ev.cmp.canonical(x.name)} ({x.distance:.3g})" for x in (r.ident.ranking[:3] if r.ident else []))
-    return [Finding.make("UNKNOWN", f"{label} differs from {ev.stream_name(r.expected or '')} (token rel_diff {d:.3g}) "
-                         f"and no explanation "
-                         f"holds; nearest: {near or 'none'}. {r.metrics.mismatch_sentence(r.cand.shape)}",
+    thin = causes.thin_note(ev, r)
+    return [Finding.make("UNKNOWN", f"{label} differs from {ev.stream_name(r.expected or '')} (token rel_diff {d:.3g}, "
+                         f"{d / r.floor:.0f}x its floor) and no explanation holds; nearest: {near or 'none'}.{thin} "
+                         f"{r.metrics.mismatch_sentence(r.cand.shape)}",
                          identified_as=None, metrics=metrics, **base)], None
 
 
@@ -198,21 +296,27 @@ def _ident_dict(r: Result) -> dict:
 
 
 def _summary(cmp: Comparison, findings: list[Finding], st: story.Story | None, cand_side: str, ref_side: str) -> str:
+    """One sentence that claims only what was verified."""
     errors = [f for f in findings if f.severity == Severity.error]
     warnings = [f for f in findings if f.severity == Severity.warning]
-    n = len(cmp.results)
     if st is not None and st.code != "LAYER_MISMATCH":
         return st.sentence
     if not errors:
-        slots = [r for r in cmp.results if r.slot is not None]
-        streams = [r.expected_stream for r in slots]
+        compared = [r for r in cmp.results if r.status in (Status.ok, Status.drift)]
+        n = len(compared)
         s = f"pass: {n} tensor{'s' if n != 1 else ''} compared"
-        if slots:
-            s += f"; {cand_side} slots hold streams {story._fmt(streams)} as {ref_side} expects"
+        slots = sorted((r for r in cmp.results if r.slot is not None), key=lambda r: r.slot or 0)
+        held = [cmp.stream_of(r.holds) for r in slots]
+        if slots and all(r.status in (Status.ok, Status.drift) and not r.tolerated for r in slots):
+            s += f"; {cand_side} slots hold streams {story._fmt(held)} as {ref_side} expects"
+        elif slots:
+            unverified = [r.slot for r in slots if r.status not in (Status.ok, Status.drift) or r.tolerated]
+            s += f"; {cand_side} slots hold streams {story._fmt(held)}; slot{'s' if len(unverified) != 1 else ''} " \
+                 f"{story._fmt(unverified)} not verified against what {ref_side} expects"
         if warnings:
             s += f" ({len(warnings)} warning{'s' if len(warnings) != 1 else ''})"
         return s
-    if st is not None:
+    if st is not None and st.detail.get("actual") and None not in st.detail["actual"]:
         return st.sentence
     first = errors[0]
     more = f" (and {len(errors) - 1} more error{'s' if len(errors) > 2 else ''})" if len(errors) > 1 else ""

@@ -100,12 +100,7 @@ class Evidence:
         if s is None:
             canon = self.cmp.canonical(name)
             return canon if canon == name else f"{canon} ({name})"
-        n = self._num_layers()
-        if s == 0:
-            return "stream 0 (the embedding)"
-        if n is not None and s == n:
-            return f"stream {s} (the last layer's output, pre-norm)"
-        return f"stream {s} (layer {s - 1}'s output)"
+        return names.stream_words(s, self._num_layers())
 
     def _num_layers(self) -> int | None:
         for side in (self.cmp.plan.ref, self.cmp.plan.cand):

@@ -16,6 +16,7 @@ import numpy as np
 
 from consistency.compare.engine import Result
 from consistency.compare.identify import token_distance
+from consistency.contract.findings import CODES
 from consistency.diagnose.evidence import Evidence, Explanation, fit_column_scale, fit_scalar, rms_normalize
 from consistency.dump import names
 
@@ -25,10 +26,19 @@ MAX_SHIFT = 3
 
 @dataclass(frozen=True)
 class Hypothesis:
+    """A code (its title, fix and source live in the one registry, contract.findings.CODES)
+    and the test that applies the explanation to the evidence."""
+
     code: str
-    message: str
-    source: str
     test: Test
+
+    @property
+    def title(self) -> str:
+        return CODES[self.code].title
+
+    @property
+    def source(self) -> str:
+        return CODES[self.code].source
 
 
 def _best(r: Result) -> tuple[str, float] | None:
@@ -44,6 +54,14 @@ def layer_mismatch(ev: Evidence, r: Result) -> Explanation | None:
         return None
     name, dist = b
     s_got, s_want = ev.cmp.stream_of(name), ev.cmp.stream_of(r.ref.name)
+    slot_got, slot_want = names.parse(name), names.parse(r.ref.name)
+    if (s_got is None or s_want is None) and slot_got.kind == slot_want.kind == names.AUX \
+            and slot_got.index is not None and slot_got.index != slot_want.index and r.matched:
+        # a thin reference (aux slots only): say it in the reference's own slots
+        return Explanation("LAYER_MISMATCH", f"holds what the reference put in slot {slot_got.index} ({name}); "
+                           f"expected its slot {slot_want.index} ({r.ref.name})", before, dist, name,
+                           {"slot": slot_got.index, "expected_slot": slot_want.index,
+                            "stream": s_got, "expected_stream": s_want})
     if s_got is None or s_want is None or s_got == s_want:
         return None  # the expected tensor is not a (pre-norm) stream: a norm hypothesis applies
     detail: dict = {"stream": s_got, "expected_stream": s_want}
@@ -115,24 +133,61 @@ def _norm_fit(c: np.ndarray, x: np.ndarray) -> tuple[float, str, bool]:
     out = []
     for center, kind in ((False, "RMSNorm"), (True, "LayerNorm")):
         n = rms_normalize(x, center)
-        out.append((token_distance(c, n), kind, False))
+        plain = token_distance(c, n)
         w = fit_column_scale(c, n)
-        out.append((token_distance(c, n * w), kind, True))
+        weighted = token_distance(c, n * w)
+        # a fitted weight always fits noise a little better: claim it only when it matters
+        out.append((plain, kind, False) if plain <= 2 * weighted + 1e-12 else (weighted, kind, True))
     return min(out)
+
+
+NORMED_SPREAD = 0.1  # a norm's output has near-equal row RMS: (p90 - p10) / median below this
+
+
+def row_spread(x: np.ndarray) -> float:
+    """Spread of per-token RMS: ~0 for a norm's output (unit weight exactly), large for a
+    residual stream (massive activations, growing norms); a per-token scale raises it."""
+    rms = np.sqrt(np.mean(x * x, axis=1))
+    rms = rms[rms > 0]
+    if rms.size < 4:
+        return math.inf
+    p10, p50, p90 = np.percentile(rms, [10, 50, 90])
+    return float((p90 - p10) / p50) if p50 > 0 else math.inf
+
+
+def _looks_normed(normed: np.ndarray, raw: np.ndarray) -> bool:
+    """The structural check a norm story needs: the normed side's rows have near-equal RMS
+    and the raw side's do not (a per-token scale of a flat tensor is not a norm)."""
+    a, b = row_spread(normed), row_spread(raw)
+    return a < NORMED_SPREAD and b >= 2 * a + 0.02
+
+
+def _ref_is_normed(ev: Evidence, r: Result) -> bool:
+    if r.ref is None:
+        return False
+    if names.parse(ev.cmp.canonical(r.ref.name) or "").kind == names.FINAL_NORM:
+        return True
+    tm = ev.cmp.plan.ref_meta_tensors.get(r.ref.name) if ev.cmp.plan.ref_meta_tensors else None
+    return tm is not None and tm.norm is not None and tm.norm.value != "none"
 
 
 def norm_applied(ev: Evidence, r: Result) -> Explanation | None:
     before, c, e = ev.before(r), ev.cand(r), ev.expected(r)
     if before is None or c is None or e is None:
         return None
-    if r.ident and r.ident.best and names.parse(r.ident.best.name).kind == names.FINAL_NORM:
+    if r.ident and r.ident.best and names.parse(r.ident.best.name).kind == names.FINAL_NORM and r.matched:
         return Explanation("NORM_APPLIED", "holds the final norm's output (post-norm); expected the pre-norm stream",
                            before, r.ident.best.distance, r.ident.best.name, {"norm": "final_norm"})
     d, kind, weighted = _norm_fit(c, e)
     if c.shape[0] < 8 and weighted:
         return None  # too few rows to fit a weight honestly
+    if not _looks_normed(c, e) or _ref_is_normed(ev, r):
+        return None
+    s, n = ev.cmp.stream_of(r.ref.name) if r.ref else None, ev._num_layers()
+    where = "HF's post-norm last hidden state" if s is not None and s == n else \
+        "a fused add+RMSNorm output: the next layer's input norm captured instead of the stream"
     return Explanation("NORM_APPLIED", f"equals the expected tensor after {kind}{' with a weight' if weighted else ''} "
-                       f"(e.g. HF's post-norm last hidden state)", before, d, r.ref.name if r.ref else None,
+                       f"({where})", before, d, r.ref.name if r.ref else None,
                        {"norm": kind, "weighted": weighted})
 
 
@@ -143,6 +198,8 @@ def norm_missing(ev: Evidence, r: Result) -> Explanation | None:
     d, kind, weighted = _norm_fit(e, c)
     if c.shape[0] < 8 and weighted:
         return None
+    if not (_ref_is_normed(ev, r) or _looks_normed(e, c)):
+        return None  # nothing says the expected tensor is a norm's output
     raw = r.ident.best.name if r.ident and r.ident.best and names.parse(r.ident.best.name).kind == names.HIDDEN else None
     return Explanation("NORM_MISSING", f"is the raw (pre-norm) stream{' ' + raw if raw else ''}; the expected tensor "
                        f"is its {kind} output", before, d, raw, {"norm": kind, "weighted": weighted})
@@ -245,9 +302,8 @@ def partial_shard(ev: Evidence, r: Result) -> Explanation | None:
 
 def _rank_sum(ev: Evidence, r: Result) -> tuple[np.ndarray, int] | None:
     """Sampled rows of the candidate summed over tensor-parallel ranks (rank files only)."""
-    views_of = getattr(ev.cmp.cand, "rank_views", None)
     idx = ev.index(r)
-    views = views_of(r.cand.name) if views_of is not None else None
+    views = ev.cmp.cand.rank_views(r.cand.name)
     if not views or len(views) < 2 or idx is None or any(v.rows != r.cand.rows or v.cols != r.cand.cols for v in views):
         return None
     total = np.zeros((len(idx), r.cand.cols))
@@ -259,8 +315,7 @@ def _rank_sum(ev: Evidence, r: Result) -> tuple[np.ndarray, int] | None:
 
 
 def _zero_rows_by_rank(ev: Evidence, r: Result) -> dict[int, list[int]]:
-    views_of = getattr(ev.cmp.cand, "rank_views", None)
-    views = views_of(r.cand.name) if views_of is not None else None
+    views = ev.cmp.cand.rank_views(r.cand.name)
     out: dict[int, list[int]] = {}
     for k, v in enumerate(views or []):
         if v.nbytes > 256 * 1024 * 1024:
@@ -285,17 +340,13 @@ def _zero_rows(r: Result) -> list[int] | None:
 
 
 REGISTRY: tuple[Hypothesis, ...] = (
-    Hypothesis("LAYER_MISMATCH", "it is another stream of the reference", "conventions.md: who means what by layer id",
-               layer_mismatch),
-    Hypothesis("RESIDUAL_MISSING", "it is a block's delta, not the stream (residual not added)",
-               "conventions.md: fused residual; seed story", residual_missing),
-    Hypothesis("NORM_APPLIED", "it is the expected stream after a norm", "speculators PR #313", norm_applied),
-    Hypothesis("NORM_MISSING", "it is the raw stream where a normed one was expected", "speculators PR #313", norm_missing),
-    Hypothesis("TOKEN_SHIFT", "it is the expected tensor shifted along the sequence", "SpecForge issue #296", token_shift),
-    Hypothesis("PARTIAL_SHARD", "it is a tensor-parallel partial result", "seed story (VocabParallelEmbedding)",
-               partial_shard),
-    Hypothesis("SCALE_MISMATCH", "it equals the expected tensor up to a constant factor", "Gemma-style embedding scale",
-               scale_mismatch),
+    Hypothesis("LAYER_MISMATCH", layer_mismatch),
+    Hypothesis("RESIDUAL_MISSING", residual_missing),
+    Hypothesis("NORM_APPLIED", norm_applied),
+    Hypothesis("NORM_MISSING", norm_missing),
+    Hypothesis("TOKEN_SHIFT", token_shift),
+    Hypothesis("PARTIAL_SHARD", partial_shard),
+    Hypothesis("SCALE_MISMATCH", scale_mismatch),
 )
 
 BY_CODE = {h.code: h for h in REGISTRY}

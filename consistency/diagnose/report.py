@@ -24,8 +24,7 @@ def build(cmp: Comparison, findings: list[Finding], summary: str) -> CompareRepo
         if f.tensor and (f.tensor not in by_tensor or f.severity == Severity.error):
             by_tensor[f.tensor] = f.code
     for r in sorted((r for r in cmp.results if r.slot is not None), key=lambda r: r.slot or 0):
-        ident = r.identified if r.status != "ok" else (r.identified if r.ref and r.ident and r.ref.name in r.ident.group else
-                                                        (r.ref.name if r.ref else None))
+        ident = r.holds  # what the values say it is; None when it matches nothing
         slots.append(SlotReport(
             slot=r.slot or 0, tensor=r.name, expected=r.expected,
             expected_stream=r.expected_stream if r.expected_stream is not None else cmp.stream_of(r.expected),
@@ -35,9 +34,6 @@ def build(cmp: Comparison, findings: list[Finding], summary: str) -> CompareRepo
             runner_up=r.ident.runner_up.name if r.ident and r.ident.runner_up else None,
             code=by_tensor.get(r.name, "OK")))
     pairs = {r.name: r.expected for r in cmp.results if r.expected}
-    counts: dict[str, int] = {}
-    for f in findings:
-        counts[f.code] = counts.get(f.code, 0) + 1
     mdiff = metadiff.diff(cmp.ref.metadata, cmp.cand.metadata, pairs)
     if any(d.change.startswith("layout only") for d in mdiff):
         n = sum(d.change.startswith("layout only") for d in mdiff)
@@ -48,6 +44,9 @@ def build(cmp: Comparison, findings: list[Finding], summary: str) -> CompareRepo
         if d.severity == Severity.warning:
             findings = findings + [Finding.make("METADATA_DIFF", f"metadata {d.path}: reference {d.reference!r}, "
                                                 f"candidate {d.candidate!r}")]
+    counts: dict[str, int] = {}
+    for f in findings:  # every finding, the metadata ones included
+        counts[f.code] = counts.get(f.code, 0) + 1
     per_token = {r.name: _downsample(r.metrics.per_row.tolist()) for r in cmp.results
                  if r.metrics is not None and r.metrics.per_row is not None and r.status != "ok"}
     rep = CompareReport(

@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from consistency.dump import names
+
 
 @dataclass
 class Story:
@@ -22,19 +24,18 @@ def _fmt(xs: Sequence[int | None]) -> str:
 
 
 def describe(stream: int, num_layers: int | None) -> str:
-    if stream == 0:
-        return "the embedding (stream 0)"
-    if num_layers is not None and stream == num_layers:
-        return f"the last layer's output (stream {stream})"
-    return f"stream {stream}"
+    return names.stream_words(stream, num_layers, meaning_first=True)
 
 
 def tell(expected: Sequence[int | None], actual: Sequence[int | None], cand_side: str, ref_side: str,
          num_layers: int | None = None) -> Story | None:
-    """A story only when every slot's stream is known on both sides and they differ."""
+    """A story when every expected stream is known and the slots differ. A slot that holds
+    no recorded stream (None) may only stand where a shift adds one."""
     n = min(len(expected), len(actual))
-    if n == 0 or any(x is None for x in expected[:n]) or any(x is None for x in actual[:n]):
+    if n == 0 or any(x is None for x in expected[:n]):
         return None
+    if any(x is None for x in actual[:n]):
+        return _shift_with_unknown([int(x) for x in expected[:n]], list(actual[:n]), cand_side, ref_side, num_layers)  # type: ignore[arg-type]
     e = [int(x) for x in expected[:n]]  # type: ignore[arg-type]
     a = [int(x) for x in actual[:n]]  # type: ignore[arg-type]
     if e == a:
@@ -66,3 +67,43 @@ def tell(expected: Sequence[int | None], actual: Sequence[int | None], cand_side
                              f"{cand_side} adds {extra} in front and is missing {missing}",
                              {"shift": k, "missing": e[n - k:], "added": a[:k], "expected": e, "actual": a})
     return Story("LAYER_MISMATCH", head, {"expected": e, "actual": a})
+
+
+def _shift_with_unknown(e: list[int], a: list[int | None], cand_side: str, ref_side: str,
+                        num_layers: int | None) -> Story | None:
+    n = len(e)
+    for k in range(1, n):
+        if all(x is not None for x in a[: n - k]) and a[: n - k] == e[k:] and all(x is None or x not in e for x in a[n - k:]):
+            missing = ", ".join(describe(x, num_layers) for x in e[:k])
+            extra = ", ".join("a stream the reference does not record" if x is None else describe(x, num_layers)
+                              for x in a[n - k:])
+            return Story("SLOT_SHIFT", f"{cand_side} fed streams {_fmt(a)}; {ref_side} used {_fmt(e)} -- the slot list "
+                         f"is shifted by {k} slot{'s' if k > 1 else ''}: {cand_side} is missing {missing} and adds "
+                         f"{extra}", {"shift": -k, "missing": e[:k], "added": a[n - k:], "expected": e, "actual": a})
+    return None
+
+
+def tell_by_slot(expected: Sequence[int | None], actual: Sequence[int | None], cand_side: str,
+                 ref_side: str) -> Story | None:
+    """The story told in the reference's own slots, for a thin reference whose slots say
+    no stream: "serving slot 0 holds what training put in slot 1"."""
+    n = min(len(expected), len(actual))
+    if n < 2 or any(x is None for x in expected[:n]) or all(x is None for x in actual[:n]):
+        return None
+    e, a = list(expected[:n]), list(actual[:n])
+    if e == a:
+        return None
+    head = "; ".join(f"{cand_side} slot {i} holds " + (f"what {ref_side} put in slot {x}" if x is not None else
+                                                        f"a stream {ref_side} never recorded")
+                     for i, x in enumerate(a) if x != e[i])
+    if all(x is not None for x in a) and sorted(a) == sorted(e):  # type: ignore[type-var]
+        return Story("ORDER_MISMATCH", f"{head} -- the same slots in another order",
+                     {"expected_slots": e, "actual_slots": a, "by": "reference slots"})
+    for k in range(1, n):
+        if a[: n - k] == e[k:] and all(x is None or x not in e[k:] for x in a[n - k:]):
+            return Story("SLOT_SHIFT", f"{head} -- the list is shifted by {k} slot{'s' if k > 1 else ''}",
+                         {"shift": -k, "expected_slots": e, "actual_slots": a, "by": "reference slots"})
+        if a[k:] == e[: n - k] and all(x is None or x not in e[: n - k] for x in a[:k]):
+            return Story("SLOT_SHIFT", f"{head} -- the list is shifted by {k} slot{'s' if k > 1 else ''}",
+                         {"shift": k, "expected_slots": e, "actual_slots": a, "by": "reference slots"})
+    return Story("LAYER_MISMATCH", head, {"expected_slots": e, "actual_slots": a})

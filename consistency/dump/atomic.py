@@ -7,6 +7,9 @@ fails if the name appeared meanwhile, so a concurrent writer is never clobbered 
 The temporary file is removed on any Python-level failure. After a kill -9 it remains, but
 under a name no reader opens (``.<name>.tmp-<host>-<pid>-<random>``); the next write to
 the same name removes such leftovers once their writer's process is gone.
+
+Overwrite rule (all commands): a report of ours may be replaced without ``--force``; a
+dump or any other existing file needs ``--force``; a FIFO/device/socket is never an output.
 """
 
 from __future__ import annotations
@@ -14,7 +17,9 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import re
 import socket
+import stat
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,17 +31,53 @@ _NO_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 
 def check_writable(path: str | Path, force: bool) -> Path:
-    """Fail early (before any work) if the output would clobber a file or cannot exist."""
+    """Fail early (before any work) if the output would clobber a file or cannot exist.
+
+    The one overwrite rule of every command (docs/commands.md#outputs): an existing file is
+    replaced without ``--force`` only when it is a report consistency wrote (recognised by
+    its content, :func:`is_report`), so ``compare --json r.json`` re-runs in a loop while a
+    dump or any other file is never lost to a mistyped option. A FIFO, device or socket is
+    refused even with ``--force``: writing to one would block or reach hardware.
+    """
     p = Path(path)
     if p.exists() or p.is_symlink():
         if p.is_dir():
             raise InputError(p, "is a directory, expected a file path to write")
-        if not force:
+        if p.exists() and not p.is_file():
+            raise InputError(p, "is not a regular file (a FIFO, device or socket); refused as an output")
+        if not force and not is_report(p):
             raise OutputExistsError(p)
     parent = p.parent if str(p.parent) else Path(".")
     if not parent.is_dir():
         raise InputError(p, f"directory {parent} does not exist")
     return p
+
+
+_REPORT_HEADS: tuple[tuple[bytes, re.Pattern[bytes]], ...] = (
+    (b"{", re.compile(rb'^\{\s*"tool"\s*:\s*"consistency"')),  # compare, lint, replay, gate JSON
+    (b"{", re.compile(rb'"\$schema"\s*:\s*"[^"]*sarif[^"]*".*?"driver"\s*:\s*\{\s*"name"\s*:\s*"consistency"', re.S)),
+    (b"<?xml", re.compile(rb'<testsuites name="consistency"')),  # gate JUnit
+    (b"<!DOCTYPE html>", re.compile(rb'<meta name="generator" content="consistency[ "]')),  # compare --html
+    (b"\x89PNG\r\n\x1a\n", re.compile(rb"tEXtSoftware\x00consistency")),  # compare --png
+    (b"consistency ", re.compile(rb"^consistency (lint|compare|replay) ")),  # lint --output text
+)
+
+
+def is_report(path: str | Path) -> bool:
+    """True when ``path`` is a regular file holding a report consistency wrote (JSON, SARIF,
+    JUnit XML, HTML, PNG, text), judged from its first 8 KiB. A dump never matches: it
+    starts with a binary length (safetensors) or ``PK`` (npz)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return False
+            head = os.read(fd, 8192)
+        finally:
+            os.close(fd)
+    except OSError:
+        return False
+    return any(head.startswith(magic) and pat.search(head) for magic, pat in _REPORT_HEADS)
 
 
 def _tag() -> str:
@@ -79,7 +120,10 @@ def _publish(tmp: str, p: Path, force: bool) -> None:
     try:
         os.link(tmp, p)  # atomic "create if absent"
     except FileExistsError:
-        raise OutputExistsError(p) from None
+        if not is_report(p):
+            raise OutputExistsError(p) from None
+        os.replace(tmp, p)  # a previous report of ours: reports are outputs, not data
+        return
     except OSError as exc:
         if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV, errno.EMLINK):
             raise

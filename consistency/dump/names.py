@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 
 _INDEXED = re.compile(r"^(hidden|attn_out|mlp_out|aux|resid_mid)\.(\d{1,6})$")
 
@@ -34,6 +35,7 @@ class Name:
         return self.kind if self.index is None else f"{self.kind}.{self.index}"
 
 
+@lru_cache(maxsize=1 << 17)  # asked per tensor per pair: dumps hold up to 100,000 names
 def parse(name: str) -> Name:
     m = _INDEXED.match(name)
     if m:
@@ -74,3 +76,17 @@ def preference(name: str) -> int:
     """Lower is preferred when several reference names hold the same values."""
     kind = parse(name).kind
     return {HIDDEN: 0, FINAL_NORM: 1, RESID_MID: 2, MLP_OUT: 3, ATTN_OUT: 4, AUX: 5}.get(kind, 6)
+
+
+def stream_words(s: int, num_layers: int | None = None, meaning_first: bool = False) -> str:
+    """The one way a stream is put into words: 'stream 3 (layer 2's output)'.
+
+    ``meaning_first`` leads with what it is ('the embedding (stream 0)'), for sentences
+    that list what a side is missing; other streams read the same either way."""
+    if s == 0:
+        meaning = "the embedding"
+    elif num_layers is not None and s == num_layers:
+        meaning = "the last layer's output, pre-norm" if not meaning_first else "the last layer's output"
+    else:
+        return f"stream {s} (layer {s - 1}'s output)" if not meaning_first else f"stream {s}"
+    return f"{meaning} (stream {s})" if meaning_first else f"stream {s} ({meaning})"

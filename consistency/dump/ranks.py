@@ -11,6 +11,7 @@ The combined views read rows from every rank lazily, so memory stays per chunk.
 
 from __future__ import annotations
 
+import glob
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -20,6 +21,7 @@ import numpy as np
 from consistency.contract.models import DumpMetadata, ShardSpec
 from consistency.dump import dtypes
 from consistency.dump.formats.base import ForeignDump
+from consistency.dump.layout import shard_group
 from consistency.dump.reader import Dump, TensorView
 from consistency.errors import InputError
 
@@ -27,88 +29,79 @@ RANK_RE = re.compile(r"^(?P<stem>.+)\.rank(?P<rank>\d+)-of(?P<world>\d+)(?P<suff
 REPLICA_ROWS = 256  # rows compared across ranks per replicated tensor (sampled, evenly spaced)
 
 
-def parse_shard(spec: str | ShardSpec | None, rank: int, world: int) -> ShardSpec | None:
-    """``'h[tp]'`` (split along the last dim), ``'t[tp]'`` (along tokens), ``'tp:partial'``,
-    ``'tp:replicated'``, or ``'dim=N'``, with rank and world size filled in."""
+def parse_shard(spec: str | ShardSpec | None, rank: int, world: int, layout: object = None) -> ShardSpec | None:
+    """``'h[tp]'`` (split along the last dim), ``'t[tp]'`` (along tokens), ``'t[dp]'`` (tokens
+    owned by data-parallel ranks), ``'tp:partial'``/``'ep:partial'`` (awaiting an all-reduce),
+    ``'tp:replicated'``/``'ep:replicated'``, or ``'dim=N'``. Rank and size come from the group
+    in ``layout`` (the recorder's declared parallel layout) when it names one, else from
+    (``rank``, ``world``): under pipeline stages the TP rank is not the global rank."""
     if spec is None or isinstance(spec, ShardSpec):
         return spec
     s = spec.strip().lower()
-    if s in ("tp:partial", "partial"):
-        return ShardSpec(kind="partial", rank=rank, world_size=world)
-    if s in ("tp:replicated", "replicated", ""):
-        return ShardSpec(kind="replicated", rank=rank, world_size=world)
-    if s in ("h[tp]", "hidden[tp]", "d[tp]"):
-        return ShardSpec(kind="split", dim=-1, rank=rank, world_size=world)
-    if s in ("t[tp]", "tokens[tp]"):
-        return ShardSpec(kind="split", dim=-2, rank=rank, world_size=world)
+
+    def made(group: str, kind: str, dim: int | None = None) -> ShardSpec:
+        r, w = shard_group(layout, group) or (rank, world)  # type: ignore[arg-type]
+        return ShardSpec(kind=kind, dim=dim, rank=r, world_size=w, group=group)  # type: ignore[arg-type]
+
+    m = re.fullmatch(r"(?:(tp|ep|dp):)?(partial|replicated)?", s)
+    if m:
+        return made(m.group(1) or "tp", m.group(2) or "replicated")
+    m = re.fullmatch(r"(h|hidden|d|t|tokens)\[(tp|dp|ep)\]", s)
+    if m:
+        return made(m.group(2), "split", -1 if m.group(1) in ("h", "hidden", "d") else -2)
     m = re.fullmatch(r"dim=(-?\d+)", s)
     if m:
-        return ShardSpec(kind="split", dim=int(m.group(1)), rank=rank, world_size=world)
-    raise ValueError(f"unknown shard annotation {spec!r}: use h[tp], t[tp], dim=N, tp:partial or tp:replicated")
+        return made("tp", "split", int(m.group(1)))
+    raise ValueError(f"unknown shard annotation {spec!r}: use h[tp], t[tp], t[dp], dim=N, tp:partial, "
+                     f"ep:partial or tp:replicated")
 
 
 def rank_files(spec: str | Path) -> list[Path] | None:
-    """The rank files a spec names: a glob, a directory of rank files, or the un-ranked name."""
+    """The rank files a spec names: a glob (its directory part may hold wildcards too, so
+    ``nodes/*/out.rank*-of16.safetensors`` gathers every node's files), a directory of rank
+    files or of per-node directories of them, or the un-ranked name."""
     p = Path(spec)
     if any(ch in str(spec) for ch in "*?["):
-        found = sorted(Path(p.parent).glob(p.name))
+        found = sorted(Path(x) for x in glob.glob(str(spec)))
     elif p.is_dir():
         found = sorted(x for x in p.iterdir() if RANK_RE.match(x.name))
+        if not found:  # a directory per node: one level down
+            found = sorted(x for sub in p.iterdir() if sub.is_dir() for x in sub.iterdir() if RANK_RE.match(x.name))
     elif not p.exists():
         stem, suffix = p.name[: len(p.name) - len(p.suffix)], p.suffix
         found = sorted(p.parent.glob(f"{stem}.rank*-of*{suffix}")) if suffix else []
     else:
         return None
-    return [x for x in found if RANK_RE.match(x.name)] or None
+    return [x for x in found if RANK_RE.match(x.name) and x.is_file()] or None
 
 
 class RankDump(ForeignDump):
     """Several rank files presented as one dump of full (unsharded) tensors."""
 
     def __init__(self, paths: Sequence[Path]) -> None:
-        world, by_rank = _check_set(paths)
+        world, by_rank = check_set(paths)
         self.rank_dumps: list[Dump] = []
         try:
             for r in range(world):
                 self.rank_dumps.append(Dump(by_rank[r]))
-            tensors, replicas = self._combine()
+            tensors, replicas = tp_combine(self.rank_dumps)
         except BaseException:
             for d in self.rank_dumps:
                 d.close()
             raise
         meta = (self.rank_dumps[0].metadata or DumpMetadata()).model_copy(deep=True)
         meta.rank, meta.world_size = None, world
-        for name, v in tensors.items():
-            tm = meta.tensors.get(name)
-            if tm is not None:
-                tm.shape, tm.dtype, tm.shard = list(v.shape), v.dtype, None
+        full_shapes(meta, tensors)
         super().__init__(by_rank[0].parent / _set_name(by_rank[0]), f"{self.rank_dumps[0].format} x{world} ranks",
                          tensors, meta)
         self.world = world
         self.replica_checks = replicas  # name -> (worst token rel_diff across ranks, first rank that differs)
+        self.dump_findings: list = []  # findings about the set itself (none for plain tensor parallel)
 
     def rank_views(self, name: str) -> list[TensorView] | None:
         """Every rank's own copy of ``name`` (for explanations such as a missing all-reduce)."""
         views = [d.tensors.get(name) for d in self.rank_dumps]
         return None if any(v is None for v in views) else views  # type: ignore[return-value]
-
-    def _combine(self) -> tuple[dict[str, TensorView], dict[str, tuple[float, int]]]:
-        first = self.rank_dumps[0]
-        out: dict[str, TensorView] = {}
-        replicas: dict[str, tuple[float, int]] = {}
-        for name in first.names:
-            views = [d.tensors.get(name) for d in self.rank_dumps]
-            if any(v is None for v in views):
-                missing = [i for i, v in enumerate(views) if v is None]
-                raise InputError(self.rank_dumps[missing[0]].path, f"rank file lacks tensor {name!r} that rank 0 has")
-            spec = _spec(first, name)
-            if spec is None or spec.kind == "replicated":
-                out[name] = views[0]  # type: ignore[assignment]
-                if views[0].is_float:  # type: ignore[union-attr]
-                    replicas[name] = _replica_spread(views)  # type: ignore[arg-type]
-                continue
-            out[name] = CombinedView.of(name, views, spec)  # type: ignore[arg-type]
-        return out, replicas
 
     def close(self) -> None:
         for d in getattr(self, "rank_dumps", []):
@@ -116,12 +109,51 @@ class RankDump(ForeignDump):
         super().close()
 
 
+def full_shapes(meta: DumpMetadata, tensors: dict[str, TensorView]) -> None:
+    """Metadata of a combined dump describes the full tensors, not any rank's shard."""
+    for name, v in tensors.items():
+        tm = meta.tensors.get(name)
+        if tm is not None:
+            tm.shape, tm.dtype, tm.shard = list(v.shape), v.dtype, None
+
+
+def tp_combine(dumps: Sequence[Dump], ranks: Sequence[int] | None = None,
+               groups: tuple[str, ...] = ("tp", "ep")) -> tuple[dict[str, TensorView], dict[str, tuple[float, int]]]:
+    """Unshard one tensor-parallel group (``dumps`` in TP-rank order). Tensors split or
+    partial in another group (``t[dp]``) pass through as rank 0's view for the caller
+    to merge; replicated ones are checked across the group (ranks named by ``ranks``)."""
+    first = dumps[0]
+    labels = list(ranks) if ranks is not None else list(range(len(dumps)))
+    out: dict[str, TensorView] = {}
+    replicas: dict[str, tuple[float, int]] = {}
+    for name in first.names:
+        views = [d.tensors.get(name) for d in dumps]
+        if any(v is None for v in views):
+            missing = [i for i, v in enumerate(views) if v is None]
+            raise InputError(dumps[missing[0]].path, f"rank file lacks tensor {name!r} that rank {labels[0]} has")
+        spec = _spec(first, name)
+        if spec is not None and spec.kind != "replicated" and spec.group not in groups:
+            out[name] = views[0]  # type: ignore[assignment]
+            continue
+        if spec is None or spec.kind == "replicated" or len(dumps) == 1:
+            out[name] = views[0]  # type: ignore[assignment]
+            if views[0].is_float and len(views) > 1:  # type: ignore[union-attr]
+                spread, at = _replica_spread(views)  # type: ignore[arg-type]
+                replicas[name] = (spread, labels[at])
+            continue
+        out[name] = CombinedView.of(name, views, spec)  # type: ignore[arg-type]
+    return out, replicas
+
+
 def _set_name(p: Path) -> str:
     m = RANK_RE.match(p.name)
     return f"{m.group('stem')}.rank*-of{m.group('world')}{m.group('suffix')}" if m else p.name
 
 
-def _check_set(paths: Sequence[Path]) -> tuple[int, dict[int, Path]]:
+def check_set(paths: Sequence[Path], allow_missing: bool = False) -> tuple[int, dict[int, Path]]:
+    """World size and rank -> file of a rank set; a rank given twice (two nodes' copies),
+    mixed world sizes or (unless ``allow_missing``) a missing rank is a one-line error that
+    names the ranks and the directories searched."""
     by_rank: dict[int, Path] = {}
     worlds = set()
     for p in paths:
@@ -131,15 +163,31 @@ def _check_set(paths: Sequence[Path]) -> tuple[int, dict[int, Path]]:
         r, w = int(m.group("rank")), int(m.group("world"))
         worlds.add(w)
         if r in by_rank:
-            raise InputError(p, f"rank {r} given twice")
+            raise InputError(p, f"rank {r} given twice (also {by_rank[r]}): pass one copy per rank")
         by_rank[r] = p
     if len(worlds) != 1:
         raise InputError(paths[0], f"rank files disagree on the world size: {sorted(worlds)}")
     world = worlds.pop()
     missing = [r for r in range(world) if r not in by_rank]
-    if missing:
-        raise InputError(paths[0], f"rank files for ranks {missing} of {world} are missing")
+    if missing and not allow_missing:
+        dirs = sorted({str(p.parent) for p in paths})
+        where = f" (found {len(by_rank)} in {', '.join(dirs[:4])}{', ...' if len(dirs) > 4 else ''})"
+        raise InputError(paths[0], f"rank files for ranks {_ranges(missing)} of {world} are missing{where}")
     return world, by_rank
+
+
+def _ranges(xs: Sequence[int]) -> str:
+    """[1, 2, 3, 7] -> '[1, 2, 3, 7]' for short lists, '[1..3, 7]'-style when long."""
+    if len(xs) <= 8:
+        return str(list(xs))
+    parts, i = [], 0
+    while i < len(xs):
+        j = i
+        while j + 1 < len(xs) and xs[j + 1] == xs[j] + 1:
+            j += 1
+        parts.append(str(xs[i]) if i == j else f"{xs[i]}..{xs[j]}")
+        i = j + 1
+    return "[" + ", ".join(parts) + "]"
 
 
 def _spec(d: Dump, name: str) -> ShardSpec | None:
@@ -152,6 +200,8 @@ def _replica_spread(views: list[TensorView]) -> tuple[float, int]:
     rows = views[0].rows
     if any(v.shape != views[0].shape for v in views):
         return float("inf"), next(i for i, v in enumerate(views) if v.shape != views[0].shape)
+    if rows == 0:
+        return 0.0, 0
     idx = np.unique(np.linspace(0, max(rows - 1, 0), min(rows, REPLICA_ROWS)).round().astype(np.int64))
     base = views[0].take_rows(idx, np.float64)
     worst, at = 0.0, 0

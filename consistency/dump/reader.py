@@ -11,7 +11,9 @@ from __future__ import annotations
 import math
 import os
 import zipfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from types import MappingProxyType
+from typing import Any
 from pathlib import Path
 
 import numpy as np
@@ -47,20 +49,29 @@ class TensorView:
         self.shape = tuple(shape)
 
     @property
+    def shape(self) -> tuple[int, ...]:
+        return self._shape
+
+    @shape.setter
+    def shape(self, value: tuple[int, ...]) -> None:
+        # rows/cols/numel are asked for per pair and per chunk: computed once per shape
+        shape = tuple(value)
+        self._shape = shape
+        self._ncols = shape[-1] if len(shape) >= 2 else 1
+        self._nrows = 1 if len(shape) == 0 else shape[0] if len(shape) == 1 else math.prod(shape[:-1])
+        self._numel = math.prod(shape)
+
+    @property
     def rows(self) -> int:
-        if len(self.shape) == 0:
-            return 1
-        if len(self.shape) == 1:
-            return self.shape[0]
-        return math.prod(self.shape[:-1])
+        return self._nrows
 
     @property
     def cols(self) -> int:
-        return self.shape[-1] if len(self.shape) >= 2 else 1
+        return self._ncols
 
     @property
     def numel(self) -> int:
-        return math.prod(self.shape)
+        return self._numel
 
     @property
     def is_float(self) -> bool:
@@ -224,6 +235,14 @@ class Dump:
             if np.dtype(want.storage).itemsize != view._storage.itemsize or view.dtype not in ("uint16", "int16", "uint8", "int8"):
                 raise InputError(self.path, f"metadata says {name!r} is {want.name} but it is stored as {view.dtype}")
             view.dtype = want.name
+
+    # -- what a set of files adds (tensor-parallel ranks, pipeline stages); one file: nothing --
+    replica_checks: Mapping[str, tuple[float, int]] = MappingProxyType({})  # name -> (spread, first rank that differs)
+    dump_findings: Sequence[Any] = ()  # findings about the set itself (contract.findings.Finding)
+
+    def rank_views(self, name: str) -> list[TensorView] | None:
+        """Every rank's copy of ``name`` (rank sets only)."""
+        return None
 
     # -- access ----------------------------------------------------------------------------
     def __contains__(self, name: str) -> bool:

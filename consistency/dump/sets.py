@@ -16,8 +16,12 @@ from consistency.dump.reader import Dump
 from consistency.errors import InputError
 
 
-def open_side(spec: str | Path, layer_ids: Sequence[int] | None = None, convention: str | None = None) -> Dump:
-    """The Dump for ``spec``; foreign training files are mapped onto the dump's names."""
+def open_side(spec: str | Path | Dump, layer_ids: Sequence[int] | None = None, convention: str | None = None) -> Dump:
+    """The Dump for ``spec``; foreign training files are mapped onto the dump's names.
+    An already opened Dump (e.g. an in-memory :class:`~consistency.dump.memory.MemoryDump`
+    from the Python API) is used as it is."""
+    if isinstance(spec, Dump):
+        return spec
     p = Path(spec)
     try:
         p.stat()
@@ -25,11 +29,12 @@ def open_side(spec: str | Path, layer_ids: Sequence[int] | None = None, conventi
         pass  # may name a rank set (NAME.rank*-of*.EXT) or a glob
     except OSError:
         return Dump(p)  # unreadable or untraversable: the loader says so in one line
-    from consistency.dump.ranks import RankDump, rank_files
+    from consistency.dump.ranks import rank_files
+    from consistency.dump.stages import open_rank_set
 
     ranks = rank_files(spec)
     if ranks is not None:
-        return RankDump(ranks)
+        return open_rank_set(ranks)
     if p.is_dir():
         raise InputError(p, "is a directory, expected a dump file (.safetensors or .npz), a speculators "
                          "hs_*.safetensors or a SpecForge .ckpt/.ckpt.gz")

@@ -3,12 +3,15 @@
 Unknown keys are errors, not ignored: a typo such as ``trained-with`` for
 ``trained_with`` would otherwise silently drop the check it was meant to configure.
 Paths are relative to the config file's directory, so the gate runs the same from any
-working directory.
+working directory. A config travels with the repository under test, so it is treated as
+someone else's file: the outputs it names stay inside its directory tree, it cannot ask
+for ``force`` (only the command line can), and a value of the wrong type is an error.
 """
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,7 +22,69 @@ LINT_KEYS = {"name", "draft", "target", "serve", "runtime", "trained_with", "sel
 COMPARE_KEYS = {"name", "reference", "candidate", "contract", "rtol", "atol", "threshold", "tolerance", "layer_ids",
                 "convention"}
 GATE_KEYS = {"fail_on", "json", "junit", "sarif", "summary", "annotations", "force"}
+OUTPUT_KEYS = ("json", "junit", "sarif", "summary")
 PATH_KEYS = {"draft", "target", "reference", "candidate", "contract", "trained_with", "dump", "train", "serve_dump"}
+FAIL_ON = ("error", "warning")
+
+# The type each key must have (a value of another type is an error, never a silent
+# default): "str", "num" (int or float, not bool), "bool", "strs" (a string or a list of
+# strings), "ids" (a list of ints or a "0,3,31" string), "tolerance" (a table or strings).
+TYPES: dict[str, str] = {
+    "name": "str", "draft": "str", "target": "str", "serve": "str", "runtime": "str", "trained_with": "str",
+    "select": "strs", "ignore": "strs", "fail_on": "str", "reference": "str", "candidate": "str", "contract": "str",
+    "rtol": "num", "atol": "num", "threshold": "num", "tolerance": "tolerance", "layer_ids": "ids",
+    "convention": "str", "json": "str", "junit": "str", "sarif": "str", "summary": "str", "annotations": "bool",
+    "steps": "int", "max_drop_points": "num", "max_drop": "num", "min_acceptance": "num", "feed": "str",
+    "labels": "str",
+}
+_TYPE_WORDS = {"str": "a string", "num": "a number", "int": "an integer", "bool": "true or false",
+               "strs": "a string or a list of strings", "ids": "a list of integers or a \"0,3,31\" string",
+               "tolerance": "a table (e.g. {bfloat16 = 0.02}) or a list of strings"}
+
+
+def _typed(value: Any, kind: str) -> bool:
+    if kind == "str":
+        return isinstance(value, str)
+    if kind == "num":
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if kind == "int":
+        return isinstance(value, int) and not isinstance(value, bool)
+    if kind == "bool":
+        return isinstance(value, bool)
+    if kind == "strs":
+        return isinstance(value, str) or (isinstance(value, list) and all(isinstance(v, str) for v in value))
+    if kind == "ids":
+        return isinstance(value, str) or (isinstance(value, list) and all(
+            isinstance(v, int) and not isinstance(v, bool) for v in value))
+    if kind == "tolerance":
+        return isinstance(value, (dict, str)) or (isinstance(value, list) and all(isinstance(v, str) for v in value))
+    return True
+
+
+def _check_types(p: Path, where: str, table: dict[str, Any]) -> None:
+    for key, value in table.items():
+        kind = TYPES.get(key)
+        if kind is not None and not _typed(value, kind):
+            raise InputError(p, f"{where} {key} = {value!r}: expected {_TYPE_WORDS[kind]}")
+    if "fail_on" in table and table["fail_on"] not in FAIL_ON:
+        raise InputError(p, f"{where} fail_on = {table['fail_on']!r}: expected \"error\" or \"warning\"")
+
+
+def _output(p: Path, base: Path, key: str, value: str) -> str:
+    """An output path of the config, kept inside the config's directory tree.
+
+    A config comes with the repository under test; a pull request must not be able to make
+    the gate write over ``~/.bashrc`` or ``/etc/...``. Paths given on the command line are
+    the runner's own choice and are not restricted.
+    """
+    if value == "-" and key == "json":
+        return value
+    target = (base / value).resolve()
+    root = base.resolve()
+    if target != root and root not in target.parents:
+        raise InputError(p, f"[gate] {key} = {value!r} points outside the config's directory {root}; outputs a "
+                            f"config names stay inside it (pass --{key} on the command line to write elsewhere)")
+    return str(base / value)
 
 
 @dataclass
@@ -54,29 +119,40 @@ def _toml(path: Path) -> dict[str, Any]:
         raise InputError(path, f"not valid TOML: {exc}") from None
 
 
-def _resolve(base: Path, key: str, value: Any) -> Any:
+def _resolve(base: Path, key: str, value: Any, builtins: frozenset[str]) -> Any:
     if key not in PATH_KEYS or not isinstance(value, str):
         return value
     if key == "trained_with" and not (base / value).exists() and ":" in value:
         return value  # FRAMEWORK:IDS
+    if value in builtins and not (base / value).exists():
+        return value  # a built-in model or draft name, wherever the config sits
     p = Path(value)
     return str(p if p.is_absolute() else base / p)
 
 
-def load(path: str | Path) -> GateConfig:
+def load(path: str | Path, builtins: Iterable[str] = ()) -> GateConfig:
+    """Parse and validate a gate config; ``builtins`` are the model and draft names the
+    commands know without a file (``tiny-llama``, ``tiny-llama-eagle3``)."""
     p = Path(path)
     raw = _toml(p)
     base = p.parent
+    known = frozenset(builtins)
     unknown = set(raw) - {"gate", "lint", "compare", "replay"}
     if unknown:
         raise InputError(p, f"unknown section(s) {sorted(unknown)}; expected [gate], [[lint]], [[compare]], [[replay]]")
+    if not isinstance(raw.get("gate", {}), dict):
+        raise InputError(p, "[gate] must be a table: write [gate]")
     cfg = GateConfig(path=p, settings=dict(raw.get("gate", {})))
     bad = set(cfg.settings) - GATE_KEYS
     if bad:
         raise InputError(p, f"[gate] has unknown key(s) {sorted(bad)}; known: {sorted(GATE_KEYS)}")
-    for key in ("json", "junit", "sarif", "summary"):
-        if isinstance(cfg.settings.get(key), str):
-            cfg.settings[key] = str(base / cfg.settings[key])
+    if "force" in cfg.settings:
+        raise InputError(p, "[gate] force: overwriting files is the runner's decision, not the config's; "
+                            "remove it and pass --force on the command line")
+    _check_types(p, "[gate]", cfg.settings)
+    for key in OUTPUT_KEYS:
+        if key in cfg.settings:
+            cfg.settings[key] = _output(p, base, key, cfg.settings[key])
     for kind, allowed in (("lint", LINT_KEYS), ("compare", COMPARE_KEYS), ("replay", None)):
         entries = raw.get(kind, [])
         if not isinstance(entries, list):
@@ -87,8 +163,9 @@ def load(path: str | Path) -> GateConfig:
             if allowed is not None and set(entry) - allowed:
                 raise InputError(p, f"[[{kind}]] entry {i + 1} has unknown key(s) {sorted(set(entry) - allowed)}; "
                                     f"known: {sorted(allowed)}")
+            _check_types(p, f"[[{kind}]] entry {i + 1}", entry)
             name = str(entry.get("name") or f"{kind}-{i + 1}")
-            opts = {k: _resolve(base, k, v) for k, v in entry.items() if k != "name"}
+            opts = {k: _resolve(base, k, v, known) for k, v in entry.items() if k != "name"}
             cfg.checks.append(Check(kind, name, opts))
     names = [f"{c.kind}/{c.name}" for c in cfg.checks]
     dup = sorted({n for n in names if names.count(n) > 1})

@@ -1,7 +1,7 @@
 """Run the checks a :class:`~consistency.gate.config.GateConfig` declares.
 
 The commands arrive as functions (:class:`Runners`): the CLI passes ``run_lint``,
-``run_compare`` and, once a replay package exists, ``replay_check``. Each check's report
+``run_compare`` and ``replay_check`` (None when torch is missing: replay is then skipped). Each check's report
 is consumed as JSON (``model_dump``), turned into cases, and a failing input (a missing
 dump, a corrupt config) becomes an ``error`` check instead of stopping the other checks.
 """
@@ -116,6 +116,17 @@ def _run(check: Check, runners: Runners) -> GateCheck:
                                  cases=[case], seconds=time.perf_counter() - t0)
             rep = _as_dict(runners.replay(opts))
             cases = replay_cases(check.name, rep)
+    except ImportError as exc:  # an optional dependency this check needs: skipped, with the install line
+        from consistency.errors import missing_dependency
+
+        dep = missing_dependency(exc, "replay" if check.kind == "replay" else None)
+        if dep is None:
+            raise
+        why = f"{check.kind} skipped: {dep}"
+        case = GateCase(id=f"{check.kind}/{check.name}/available", name="dependencies", status="skipped",
+                        severity="info", message=why)
+        return GateCheck(kind=check.kind, name=check.name, verdict="skipped",  # type: ignore[arg-type]
+                         summary=why, cases=[case], seconds=time.perf_counter() - t0)
     except ConsistencyError as exc:
         case = GateCase(id=f"{check.kind}/{check.name}/input", name="input", status="error", severity="error",
                         message=str(exc))
@@ -139,8 +150,12 @@ def run_gate(cfg: GateConfig, runners: Runners, only: tuple[str, ...] = ()) -> G
     verdicts = [r.verdict for r in results]
     verdict = "error" if "error" in verdicts else "fail" if "fail" in verdicts else "pass"
     bad = [f"{r.kind}/{r.name}" for r in results if r.verdict in ("fail", "error")]
-    summary = (f"{len(results)} checks: {verdicts.count('pass')} passed, {verdicts.count('fail')} failed, "
+    n = len(results)
+    summary = (f"{n} check{'s' * (n != 1)}: {verdicts.count('pass')} passed, {verdicts.count('fail')} failed, "
                f"{verdicts.count('error')} errored, {verdicts.count('skipped')} skipped"
                + (f" ({', '.join(bad)})" if bad else ""))
+    if results and verdict == "pass" and "pass" not in verdicts:  # nothing was checked: not a pass
+        verdict = "error"
+        summary += "; nothing was checked, so this is not a pass"
     return GateReport(version=__version__, verdict=verdict, summary=summary, config=str(cfg.path), checks=results,
                       counts=counts, seconds=time.perf_counter() - t0)

@@ -7,3 +7,7 @@ headers only) and the serving command line. This package reads those inputs
 server will feed the draft slot by slot (:mod:`.plan`) and runs a registry of rules
 (:mod:`.rules`) over them (:mod:`.engine`). It never imports torch.
 """
+
+from consistency import _callable_package  # noqa: E402 - consistency.lint(...) is consistency.api.lint
+
+_callable_package(__name__)

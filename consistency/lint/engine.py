@@ -17,6 +17,7 @@ from consistency.contract.findings import Severity
 from consistency.errors import UsageError
 from consistency.lint import report as R
 from consistency.lint.configs import TargetInfo, read_target, target_from_config
+from consistency.lint.swapped import swapped_draft, swapped_target
 from consistency.lint.context import Context, NotEvaluated
 from consistency.lint.draft import read_draft
 from consistency.lint.plan import alternatives, arch_key, serving_plan
@@ -47,14 +48,18 @@ class _Built:
 
 
 def parse_runtime(spec: str) -> tuple[str, tuple[int, ...] | None, str | None]:
+    """``sglang@0.5.12`` -> ('sglang', (0, 5, 12), '0.5.12'); malformed or pre-EAGLE-3 versions are
+    a UsageError; a version newer than any known one is kept (the plan states what was assumed)."""
     name, _, ver = spec.strip().partition("@")
     name = name.strip().lower()
     if name not in RUNTIMES:
         raise UsageError(f"--runtime {spec!r}: expected sglang@VERSION or vllm@VERSION")
     try:
-        return name, (cv.parse_version(ver) if ver else None), (ver or None)
+        v = cv.parse_version(ver) if ver else None
+        cv.check_version(name, v)
     except ValueError as exc:
         raise UsageError(f"--runtime {spec!r}: {exc}") from None
+    return name, v, (ver or None)
 
 
 def build(req: LintRequest) -> _Built:
@@ -71,13 +76,15 @@ def build(req: LintRequest) -> _Built:
         ctx.runtime = ctx.serve.runtime
     if req.draft:
         ctx.draft = read_draft(Path(req.draft))
+        swapped_draft(ctx.draft, req.draft)
     elif ctx.serve and ctx.serve.draft_model and Path(ctx.serve.draft_model).is_dir():
         ctx.draft = read_draft(Path(ctx.serve.draft_model))
         notes.append(f"draft read from the command line's draft path {ctx.serve.draft_model}")
     ctx.target = _target(req, ctx, notes)
     ctx.n = ctx.target.num_layers if ctx.target else None
+    arch = arch_key(ctx.target.keys) if ctx.target else None
     if req.trained_with:
-        ctx.training = parse_trained_with(req.trained_with, ctx.n)
+        ctx.training = parse_trained_with(req.trained_with, ctx.n, arch)
         m = ctx.training.model
         if m is not None:
             if ctx.target is None:
@@ -85,11 +92,13 @@ def build(req: LintRequest) -> _Built:
                                         m.num_layers, m.hidden_size, m.vocab_size, m.dtype, None, ctx.training.source)
                 ctx.n = m.num_layers
                 if ctx.training.streams is None and ctx.n is not None:
-                    ctx.training = parse_trained_with(req.trained_with, ctx.n)
+                    ctx.training = parse_trained_with(req.trained_with, ctx.n, m.architecture)
             elif m.num_layers and ctx.n and m.num_layers != ctx.n:
                 notes.append(f"the training side records {m.num_layers} layers but the target config has {ctx.n}")
     elif ctx.draft is not None:
-        ctx.training = from_draft(ctx.draft, ctx.n)
+        ctx.training = from_draft(ctx.draft, ctx.n, arch)
+    if ctx.training is not None and ctx.training.assumed:
+        notes.append(f"training side: {ctx.training.assumed}")
     if ctx.target is not None:
         ctx.arch = arch_key(ctx.target.keys)
     if ctx.runtime:
@@ -108,6 +117,7 @@ def build(req: LintRequest) -> _Built:
 
 def _target(req: LintRequest, ctx: Context, notes: list[str]) -> TargetInfo | None:
     if req.target:
+        swapped_target(Path(req.target), req.target)
         return read_target(Path(req.target))
     for label, p in (("the command line's model path", ctx.serve.target_model if ctx.serve else None),
                      ("the speculators verifier", ctx.draft.verifier if ctx.draft else None)):
@@ -187,6 +197,8 @@ def run_lint(req: LintRequest) -> R.LintReport:
     counts = {s.value: sum(f.severity == s for f in findings) for s in Severity}
     failing = {Severity.error} | ({Severity.warning} if req.fail_on == "warning" else set())
     verdict = "fail" if any(f.severity in failing for f in findings) else "pass"
+    if verdict == "pass" and all(r.status == "not_evaluated" for r in results):
+        verdict = "not_evaluated"  # nothing was checked: not a pass (exit 1, docs/lint.md#verdicts)
     tr = ctx.training.streams if ctx.training else None
     sv = ctx.plan.streams if ctx.plan else None
     rep = R.LintReport(
@@ -203,6 +215,9 @@ def run_lint(req: LintRequest) -> R.LintReport:
 
 
 def _summary(verdict: str, counts: dict[str, int], tr: list[int] | None, sv: list[int] | None, ctx: Context) -> str:
+    if verdict == "not_evaluated":
+        return (f"nothing was checked: every selected rule lacks an input ({counts['info']} not evaluated); give "
+                "--draft, and --serve or --runtime")
     parts = [f"{counts['error']} error{'s' * (counts['error'] != 1)}, {counts['warning']} "
              f"warning{'s' * (counts['warning'] != 1)}"]
     if sv is not None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from consistency.contract import conventions as cv
+from consistency.contract.runtime_model import range_label, served_streams, version_points
 from consistency.lint.draft import DraftInfo
 from consistency.lint.serve import ServeInfo
 
@@ -101,10 +102,10 @@ def serving_plan(runtime: str, version: tuple[int, ...] | None, draft: DraftInfo
         plan.streams, plan.slot_ids = [], []
         plan.assumptions.append("eagle_config.use_aux_hidden_state is false: no aux streams are captured")
     elif plan.streams is not None and n is not None:
-        # what the layer loop really captures: ids beyond 0..N never match a layer, and a
-        # model file that captures before each layer never reaches stream N
-        drop_last = plan.limit is not None and plan.limit.last == "dropped"
-        keep = [i for i, s in enumerate(plan.streams) if 0 <= s <= n and not (drop_last and s == n)]
+        # what the layer loop really captures (the runtime model the demo's server shares):
+        # ids beyond 0..N never match a layer; a model file capturing before each layer never reaches N
+        missing = served_streams(spec, plan.native_ids, n, arch).missing
+        keep = [i for i, s in enumerate(plan.streams) if s not in missing]
         if len(keep) != len(plan.streams):
             gone = [plan.streams[i] for i in range(len(plan.streams)) if i not in keep]
             plan.assumptions.append(f"streams {gone} are never captured by {plan.label} (see IDS003)")
@@ -135,7 +136,7 @@ def alternatives(runtime: str, draft: DraftInfo | None, n: int | None, arch: str
     """Streams under every known version range (when ``version`` is None, i.e. unpinned) and
     every architecture family (when the target is unknown); adjacent ranges that agree are
     merged, so one entry per distinct outcome remains."""
-    pinned = [(None, None, version)] if version is not None else cv.version_points(runtime)
+    pinned = [(None, None, version)] if version is not None else version_points(runtime)
     archs = {"": arch} if arch is not None else ARCH_FAMILIES
     out: list[Alternative] = []
     for fam, a in archs.items():
@@ -148,7 +149,7 @@ def alternatives(runtime: str, draft: DraftInfo | None, n: int | None, arch: str
             out.append(Alternative("", p.streams, p.key, lo, hi, fam))
     for alt in out:
         ver = f"@{vtext(version)}" if version is not None else (
-            "" if alt.lo is None and alt.hi is None else cv.range_label(alt.lo, alt.hi))
+            "" if alt.lo is None and alt.hi is None else range_label(alt.lo, alt.hi))
         alt.label = f"{runtime}{ver}" + (f" ({alt.family})" if alt.family else "")
     distinct: list[Alternative] = []
     for alt in out:

@@ -9,27 +9,28 @@ from rich.text import Text
 
 from consistency.contract.findings import Severity
 from consistency.lint.report import LintReport
+from consistency.report.escape import term
 
 _STYLE = {Severity.error: "bold red", Severity.warning: "yellow", Severity.info: "dim"}
 
 
 def render(rep: LintReport, con: Console, quiet: bool = False, show_info: bool = True) -> None:
     style = "bold green" if rep.verdict == "pass" else "bold red"
-    verdict = Text.assemble((rep.verdict.upper(), style), "  ", rep.summary)
+    verdict = Text.assemble((rep.verdict.upper(), style), "  ", term(rep.summary))
     if quiet:
         con.print(verdict)
         return
     head = ", ".join(f"{k} {v}" for k, v in rep.inputs.model_dump().items() if v and k != "serve")
-    con.print(Text.assemble(("consistency lint ", "bold"), head))
+    con.print(Text.assemble(("consistency lint ", "bold"), term(head)))
     if rep.inputs.serve:
-        con.print(Text(f"serve: {rep.inputs.serve}", style="dim"))
+        con.print(Text(f"serve: {term(rep.inputs.serve)}", style="dim"))
     con.print(verdict)
     for a in rep.assumptions:
-        con.print(Text(f"note: {a}", style="dim"))
+        con.print(Text(f"note: {term(a)}", style="dim"))
     if rep.serving is not None:
         s = rep.serving
         where = f"{s.key} = {s.ids}" if s.key else "no ids it reads: the runtime default"
-        con.print(Text(f"serving: {s.label} reads {where}; {s.meaning}", style="dim"))
+        con.print(Text(term(f"serving: {s.label} reads {where}; {s.meaning}"), style="dim"))
     if rep.slots:
         t = Table(title="aux slots (stream indices)", title_justify="left", show_edge=False, pad_edge=False)
         for col in ("slot", "training", "serving", "config id", ""):
@@ -37,9 +38,9 @@ def render(rep: LintReport, con: Console, quiet: bool = False, show_info: bool =
         for r in rep.slots:
             mark = (Text("-") if r.match is None else Text("ok", style="green") if r.match
                     else Text("DIFFERS", style="red"))
-            t.add_row(str(r.slot), _cell(r.training_stream, r.training_meaning),
-                      _cell(r.serving_stream, r.serving_meaning), "-" if r.serving_id is None else str(r.serving_id),
-                      mark)
+            t.add_row(Text(str(r.slot)), Text(_cell(r.training_stream, r.training_meaning)),
+                      Text(_cell(r.serving_stream, r.serving_meaning)),
+                      Text("-" if r.serving_id is None else term(r.serving_id)), mark)
         con.print(t)
     shown = [f for f in rep.findings if show_info or f.severity != Severity.info]
     if shown:
@@ -47,15 +48,15 @@ def render(rep: LintReport, con: Console, quiet: bool = False, show_info: bool =
         for col in ("severity", "code", "message"):
             ft.add_column(col, overflow="fold")
         for f in shown:
-            msg = Text(f.message)
+            msg = Text(term(f.message, multiline=True))
             if f.location and f.location.file:
-                msg.append(f"\n  at {f.location.file}" + (f":{f.location.line}" if f.location.line else "")
-                           + (f" ({f.location.key})" if f.location.key else ""), style="dim")
+                msg.append(f"\n  at {term(f.location.file)}" + (f":{f.location.line}" if f.location.line else "")
+                           + (f" ({term(f.location.key)})" if f.location.key else ""), style="dim")
             if f.severity != Severity.info and f.fix:
-                msg.append(f"\n  fix: {f.fix}", style="cyan")
+                msg.append(f"\n  fix: {term(f.fix, multiline=True)}", style="cyan")
             if f.severity != Severity.info:
-                msg.append(f"\n  see {f.doc} (source: {f.source})", style="dim")
-            ft.add_row(Text(f.severity.value, style=_STYLE[f.severity]), f"{f.code} {f.name}", msg)
+                msg.append(f"\n  see {term(f.doc)} (source: {term(f.source)})", style="dim")
+            ft.add_row(Text(f.severity.value, style=_STYLE[f.severity]), Text(term(f"{f.code} {f.name}")), msg)
         con.print(ft)
     c = rep.counts
     ne = sum(r.status == "not_evaluated" for r in rep.rules)
@@ -68,4 +69,4 @@ def render(rep: LintReport, con: Console, quiet: bool = False, show_info: bool =
 
 
 def _cell(stream: int | None, meaning: str | None) -> str:
-    return "-" if stream is None else f"{stream} ({meaning})"
+    return "-" if stream is None else term(f"{stream} ({meaning})")

@@ -80,6 +80,8 @@ class Inputs(BaseModel):
 
 class LintReport(ReportHeader):
     kind: Literal["lint"] = "lint"
+    verdict: Literal["pass", "fail", "not_evaluated"] = Field(  # type: ignore[assignment]
+        description="not_evaluated: every selected rule lacked an input, so nothing was checked (exit 1)")
     inputs: Inputs
     training_streams: list[int | None] | None = None
     training_source: str | None = None

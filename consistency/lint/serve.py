@@ -44,6 +44,10 @@ class ServeInfo:
     dtype: str | None = None
     tp: int | None = None
     pp: int | None = None
+    dp: int | None = None
+    dp_attention: bool = False  # SGLang --enable-dp-attention
+    pp_partition: list[int] | None = None  # SGLANG_PP_LAYER_PARTITION / VLLM_PP_LAYER_PARTITION
+    speculators_model: bool = False  # vLLM: the positional model is a speculators draft (EAGLE-3 on, no flag)
     spec_config: dict[str, Any] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
 
@@ -108,14 +112,33 @@ def _number(t: str) -> bool:
     return re.fullmatch(r"-?\d+(\.\d+)?", t) is not None
 
 
-def _int(flags: dict[str, str], name: str) -> int | None:
+def _int(flags: dict[str, str], name: str, low: int | None = None) -> int | None:
+    """An integer flag; below ``low`` (a negative step count, a zero parallel size) it is bad input:
+    no server starts with it, so nothing about the command can be linted."""
     v = flags.get(name)
     if v is None:
         return None
     try:
-        return int(v)
+        n = int(v)
     except ValueError:
         raise InputError(WHERE, f"--{name} {v!r} is not an integer") from None
+    if low is not None and n < low:
+        raise InputError(WHERE, f"--{name} {n}: must be at least {low}")
+    return n
+
+
+def _partition(env: dict[str, str], runtime: str) -> list[int] | None:
+    key = "SGLANG_PP_LAYER_PARTITION" if runtime == "sglang" else "VLLM_PP_LAYER_PARTITION"
+    raw = env.get(key)
+    if raw is None:
+        return None
+    try:
+        parts = [int(x) for x in raw.split(",")]
+    except ValueError:
+        raise InputError(WHERE, f"{key}={raw!r}: expected comma-separated layer counts") from None
+    if any(p < 0 for p in parts):
+        raise InputError(WHERE, f"{key}={raw!r}: layer counts must be non-negative")
+    return parts
 
 
 def _dtype(v: str | None) -> str | None:
@@ -141,8 +164,11 @@ def parse_serve(command: str) -> ServeInfo:
     flags, positional = _flags(toks[start:])
     info = ServeInfo(runtime=runtime, command=command, env=env, flags=flags)
     info.dtype = _dtype(flags.get("dtype"))
-    info.tp = _int(flags, "tensor-parallel-size")
-    info.pp = _int(flags, "pipeline-parallel-size")
+    info.tp = _int(flags, "tensor-parallel-size", 1)
+    info.pp = _int(flags, "pipeline-parallel-size", 1)
+    info.dp = _int(flags, "data-parallel-size", 1) or _int(flags, "dp-size", 1)
+    info.dp_attention = flags.get("enable-dp-attention", "false").lower() not in ("false", "0")
+    info.pp_partition = _partition(env, runtime)
     if runtime == "sglang":
         _sglang(info, flags)
     else:
@@ -155,9 +181,9 @@ def _sglang(info: ServeInfo, flags: dict[str, str]) -> None:
     info.draft_model = flags.get("speculative-draft-model-path")
     algo = flags.get("speculative-algorithm")
     info.algorithm = algo.upper() if algo else None
-    info.num_steps = _int(flags, "speculative-num-steps")
-    info.topk = _int(flags, "speculative-eagle-topk")
-    info.num_draft_tokens = _int(flags, "speculative-num-draft-tokens")
+    info.num_steps = _int(flags, "speculative-num-steps", 0)
+    info.topk = _int(flags, "speculative-eagle-topk", 1)
+    info.num_draft_tokens = _int(flags, "speculative-num-draft-tokens", 1)
     if info.algorithm in ("EAGLE", "EAGLE3", "STANDALONE") and info.num_steps is None and (
             info.topk is not None or info.num_draft_tokens is not None):
         info.problems.append("--speculative-eagle-topk/--speculative-num-draft-tokens given without "
@@ -190,6 +216,9 @@ def _vllm(info: ServeInfo, flags: dict[str, str], positional: list[str]) -> None
         info.problems.append("tensor_parallel_size inside --speculative-config is an error in vLLM; use "
                              "draft_tensor_parallel_size (engine/arg_utils.py)")
     info.spec_config = spec
+    if not spec:
+        _speculators_model(info)
+        spec = info.spec_config
     info.draft_model = spec.get("model") if isinstance(spec.get("model"), str) else None
     method = spec.get("method")
     info.algorithm = str(method).lower() if method else None
@@ -199,6 +228,42 @@ def _vllm(info: ServeInfo, flags: dict[str, str], positional: list[str]) -> None
             info.problems.append(f"num_speculative_tokens must be a positive integer, got {n!r}")
         else:
             info.num_speculative_tokens = n
+
+
+def _speculators_model(info: ServeInfo) -> None:
+    """``vllm serve <speculators draft dir>`` with no speculative flags turns EAGLE-3 on:
+    vLLM reads the draft's config, builds the speculative config from it (method from
+    ``speculators_model_type``, tokens from ``proposal_methods[0].speculative_tokens``, model =
+    the directory) and serves ``speculators_config.verifier.name_or_path`` as the target
+    (vllm/transformers_utils/config.py maybe_override_with_speculators, called from
+    engine/arg_utils.py create_engine_config; older releases: EngineArgs.create_speculative_config)."""
+    from pathlib import Path
+
+    from consistency.lint.configs import dig, read_json
+
+    model = info.target_model
+    if not model or not (Path(model) / "config.json").is_file():
+        return
+    cfg = read_json(Path(model) / "config.json", "model config")
+    if not isinstance(cfg.get("speculators_config"), dict):
+        return
+    verifier = dig(cfg, "speculators_config.verifier.name_or_path")
+    if not isinstance(verifier, str) or not verifier:
+        info.problems.append(f"{model} is a speculators draft without speculators_config.verifier.name_or_path: "
+                             "vLLM cannot tell which target to serve")
+        return
+    spec: dict[str, Any] = {"model": model}
+    if isinstance(cfg.get("speculators_model_type"), str):
+        spec["method"] = cfg["speculators_model_type"]
+    methods = dig(cfg, "speculators_config.proposal_methods")
+    if isinstance(methods, list) and methods and isinstance(methods[0], dict):
+        tokens = methods[0].get("speculative_tokens")
+        if isinstance(tokens, int) and not isinstance(tokens, bool):
+            spec["num_speculative_tokens"] = tokens
+    info.speculators_model = True
+    info.target_model, info.draft_model, info.spec_config = verifier, model, spec
+    info.method_note = ("vLLM builds the speculative config from the speculators draft given as the model "
+                        "(maybe_override_with_speculators) and serves its verifier as the target")
 
 
 def _scalar(v: str) -> Any:

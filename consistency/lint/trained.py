@@ -28,6 +28,7 @@ class TrainingInfo:
     convention: str | None = None
     native_ids: list[int] | None = None
     model: ModelInfo | None = None  # what a dump or a contract says about the target
+    assumed: str | None = None  # which reading of a version-dependent convention was assumed
 
 
 def parse_ids(text: str) -> list[int] | None:
@@ -40,8 +41,10 @@ def parse_ids(text: str) -> list[int] | None:
         raise UsageError(f"--trained-with: cannot parse ids {text!r}: expected comma-separated integers") from None
 
 
-def parse_trained_with(spec: str, num_layers: int | None) -> TrainingInfo:
-    """A file (dump: .safetensors/.npz; contract: .json/.yaml) or FRAMEWORK[@VER]:IDS."""
+def parse_trained_with(spec: str, num_layers: int | None, architecture: str | None = None) -> TrainingInfo:
+    """A file (our dump, a speculators/SpecForge training file, a contract .json/.yaml) or
+    FRAMEWORK[@VER]:IDS, read for the target's ``architecture`` where the framework's
+    reading depends on the model file (SpecForge through SGLang, docs/conventions.md)."""
     p = Path(spec)
     if p.exists():
         return _from_file(p)
@@ -50,11 +53,12 @@ def parse_trained_with(spec: str, num_layers: int | None) -> TrainingInfo:
         raise InputError(spec, "--trained-with: no such file, and not FRAMEWORK:IDS (e.g. specforge:1,29,57)")
     name, ids = m.group("name"), parse_ids(m.group("ids"))
     try:
-        res = conventions.resolve(name)
+        res = conventions.resolve(name, architecture)
     except (KeyError, ValueError) as exc:
         raise UsageError(f"--trained-with: {str(exc).strip(chr(39))}") from None
     streams = _streams(res.convention, ids, num_layers)
-    return TrainingInfo(streams, f"--trained-with {spec} ({res.convention.meaning})", True, name, ids)
+    return TrainingInfo(streams, f"--trained-with {spec} ({res.convention.meaning})", True, name, ids,
+                        assumed=res.assumed)
 
 
 def _streams(conv: conventions.Convention, ids: list[int] | None, n: int | None) -> list[int] | None:
@@ -63,15 +67,23 @@ def _streams(conv: conventions.Convention, ids: list[int] | None, n: int | None)
     return conv.to_streams(ids, n)
 
 
+CONTRACT_SUFFIXES = (".json", ".yaml", ".yml")
+
+
 def _from_file(p: Path) -> TrainingInfo:
-    if p.suffix in (".safetensors", ".npz"):
+    """Anything but a contract is opened the way ``compare`` opens a side (open_side): our
+    dumps, rank sets, speculators ``hs_*.safetensors``, SpecForge ``.ckpt``/``.ckpt.gz``."""
+    if p.suffix.lower() not in CONTRACT_SUFFIXES:
         from consistency.dump.sets import open_side
 
         with open_side(p) as d:
             meta = d.metadata
+            fmt = getattr(d, "format", None)
         if meta is None or meta.aux is None or not meta.aux.stream_ids:
-            raise InputError(p, "the dump records no aux stream ids (metadata aux.stream_ids); "
-                                "pass --trained-with FRAMEWORK:IDS instead")
+            foreign = f"{fmt} training data, which does not record its layer ids" if fmt in ("speculators",
+                                                                                             "specforge") else None
+            raise InputError(p, f"{foreign or 'the dump records no aux stream ids (metadata aux.stream_ids)'}; "
+                                "pass --trained-with FRAMEWORK[@VER]:IDS with the ids of that training run instead")
         return TrainingInfo(list(meta.aux.stream_ids), f"training dump {p.name} (metadata aux.stream_ids)", True,
                             meta.aux.convention, meta.aux.native_ids, meta.model)
     from consistency.contract.io import read_contract
@@ -82,16 +94,18 @@ def _from_file(p: Path) -> TrainingInfo:
                         native.ids if native else None, c.target)
 
 
-def from_draft(draft: DraftInfo, num_layers: int | None) -> TrainingInfo | None:
+def from_draft(draft: DraftInfo, num_layers: int | None, architecture: str | None = None) -> TrainingInfo | None:
     """The draft config's own ids, read with the convention of the framework that writes
-    that format (speculators: stream ids; SpecForge/ModelOpt: layer outputs, +1)."""
+    that format (speculators: stream ids; SpecForge: as its SGLang reads them; ModelOpt: +1)."""
     framework = DRAFT_FRAMEWORK.get(draft.format)
     if framework is None or not draft.config:
         return None
     key = _ID_KEY[framework]
     ids = draft.ids(key)
-    conv = conventions.resolve(framework).convention
+    res = conventions.resolve(framework, architecture)
+    conv = res.convention
     streams = _streams(conv, ids, num_layers)
     what = f"{key} = {ids}" if ids is not None else f"no {key}, so {framework}'s default"
     return TrainingInfo(streams, f"assumed from the draft config ({what}, read as {framework} writes it: "
-                        f"{conv.meaning}); pass --trained-with to state what training used", False, framework, ids)
+                        f"{conv.meaning}); pass --trained-with to state what training used", False, framework, ids,
+                        assumed=res.assumed if ids is not None else None)

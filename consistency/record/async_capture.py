@@ -55,7 +55,8 @@ class AsyncRecorder(Recorder):
 
     # -- capture (compute thread) -------------------------------------------------------------
     def _select(self, t: Any) -> Any:
-        """Keep the requested token rows (dim -2 of [.., T, H]); positions go to metadata."""
+        """Keep the requested token rows (dim -2 of [.., T, H]); their positions are kept the same
+        way when the runtime passes ``positions=`` (stitching then knows which tokens these are)."""
         if t.dim() < 2 or (self.tokens is None and self.last_tokens is None):
             return t
         if self.last_tokens is not None:
@@ -67,9 +68,13 @@ class AsyncRecorder(Recorder):
         idx = torch.as_tensor(list(self.tokens), device=t.device, dtype=torch.long)  # type: ignore[arg-type]
         return t.index_select(-2, idx)
 
-    def capture(self, name: str, tensor: Any, producer: str | None = None, **meta: Any) -> None:
+    def capture(self, name: str, tensor: Any, producer: str | None = None, positions: Any = None, **meta: Any) -> None:
         if not self.enabled:
             return
+        if positions is not None:
+            self.capture_positions(name, positions)
+        if name in ("positions", "input_ids", "request_ids") and hasattr(tensor, "dim") and tensor.dim() == 1:
+            tensor = self._select(tensor[:, None])[:, 0]  # the kept tokens' ids/positions, in the same order
         if not hasattr(tensor, "is_cuda") or not tensor.is_cuda:
             sel = self._select(tensor) if hasattr(tensor, "dim") else tensor
             if self._reserve(name, sel.numel() * sel.element_size() if hasattr(sel, "numel") else sel.nbytes):

@@ -131,3 +131,36 @@ def aux_slots(streams: dict[str, torch.Tensor], stream_ids: Sequence[int]) -> di
 
 def _max_stream(streams: dict[str, torch.Tensor]) -> int:
     return max((names.stream_of(n) or 0) for n in streams)
+
+
+def record_pass(model: torch.nn.Module, input_ids: Any, rec: Any, aux_streams: Sequence[int] = (), *,
+                cache: Any = None, streams: bool = False, request_ids: Sequence[int] | None = None) -> Any:
+    """Record one forward pass the way a serving runtime runs it: a prefill chunk or a decode
+    step on top of ``cache`` (a transformers ``Cache``, updated in place), with this pass's
+    ``input_ids``, ``positions`` (cache length + 0..T-1) and, for a batch, ``request_ids``
+    written as the next ``#k`` capture, so :mod:`consistency.dump.stitch` can join the passes.
+
+    ``input_ids`` is ``[T]`` or ``[B, T]`` (B requests of equal length, flattened request
+    by request). Returns the cache, for the next pass.
+    """
+    from transformers import DynamicCache
+
+    ids = torch.as_tensor(input_ids, dtype=torch.long)
+    ids = ids[None] if ids.dim() == 1 else ids
+    b, t = ids.shape
+    cache = DynamicCache() if cache is None else cache
+    past = cache.get_seq_length()
+    pos = torch.arange(past, past + t, dtype=torch.long)
+    got, _notes = capture_streams(model, ids, components=False, past_key_values=cache, use_cache=True,
+                                  position_ids=pos[None].expand(b, t))
+    flat_pos = pos.repeat(b)
+    rec.capture(names.INPUT_IDS, ids.reshape(-1), producer="input_ids", positions=flat_pos)
+    if b > 1 or request_ids is not None:
+        req = torch.as_tensor(list(request_ids) if request_ids is not None else range(b), dtype=torch.long)
+        rec.capture("request_ids", req.repeat_interleave(t), producer="request_ids")
+    if streams:
+        for name in sorted(got, key=names.sort_key):
+            rec.capture(name, got[name].reshape(b * t, -1), producer="hook")
+    for i, s in enumerate(aux_streams):
+        rec.capture(names.aux(i), got[names.hidden(s)].reshape(b * t, -1), producer="hook")
+    return cache

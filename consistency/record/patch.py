@@ -18,6 +18,12 @@ check, and :func:`install` installs nothing. Knobs (environment):
 ``aux.{i}.residual``; ``CONSISTENCY_RECORD_TOKENS=T`` records only forwards of exactly T
 tokens (skips warm-up, profiling and decode steps). Tensors are copied to the host when
 captured, so later in-place kernels (SGLang's fused add+norm) cannot change them.
+
+Every forward pass that records slots also records ``input_ids``, ``positions`` (the
+engine's own ``positions`` argument) and, on SGLang, ``request_ids`` (per token, from
+``forward_batch.rids`` or ``forward_batch.req_pool_indices``), as ``#k`` captures, so
+:mod:`consistency.dump.stitch` can join chunked prefill, decode steps and batched requests.
+vLLM's model forward has no request ids at hand: its passes are segmented by positions.
 """
 
 from __future__ import annotations
@@ -30,6 +36,8 @@ from typing import Any
 
 from consistency.record import recorder
 from consistency.record.recorder import ENV_PATH, capture
+from consistency.record.requests import request_keys as request_keys  # re-exported for patch users
+from consistency.record.requests import request_numbers
 
 ENV_COMPONENTS = "CONSISTENCY_RECORD_COMPONENTS"
 ENV_TOKENS = "CONSISTENCY_RECORD_TOKENS"
@@ -92,12 +100,32 @@ def _finish_forward() -> None:
         rec.save()
 
 
-def capture_input_ids(input_ids: Any) -> None:
-    """Remember this forward's token ids; they are recorded with its first aux slot."""
+def capture_input_ids(input_ids: Any, positions: Any = None, forward_batch: Any = None) -> None:
+    """Remember this forward's token ids (and positions, request ids); they are recorded with
+    its first aux slot, as ``input_ids#k``, ``positions#k`` and ``request_ids#k``, so the
+    captures of a chunked prefill, its decode steps and a batch's requests can be stitched
+    (:mod:`consistency.dump.stitch`)."""
     if not recording():
         return
     _finish_forward()  # the previous forward is complete
     _state.pending_ids = input_ids
+    _state.pending_positions = positions
+    _state.pending_batch = forward_batch
+
+
+def _capture_layout(ids: Any) -> None:
+    """positions#k and request_ids#k of the pass whose input_ids#k was just captured."""
+    positions = getattr(_state, "pending_positions", None)
+    batch = getattr(_state, "pending_batch", None)
+    _state.pending_positions = _state.pending_batch = None
+    tokens = _rows(ids) or 0
+    if positions is not None and _rows(positions) == tokens and not getattr(positions, "is_floating_point", lambda: True)():
+        capture("positions", positions.reshape(-1), producer="positions")
+    else:
+        positions = None
+    keys = request_keys(batch, tokens)
+    if keys is not None and len(keys) == tokens:
+        capture("request_ids", request_numbers(keys, positions, _state), producer="request_ids")
 
 
 def capture_aux(slot: int, value: Any, hidden_states: Any = None, residual: Any = None) -> None:
@@ -113,6 +141,7 @@ def capture_aux(slot: int, value: Any, hidden_states: Any = None, residual: Any 
         _state.pending_ids = None
         if ids is not None:
             capture("input_ids", ids, producer="input_ids")
+            _capture_layout(ids)
     capture(f"aux.{slot}", value, producer="runtime")
     if components_on():
         if hidden_states is not None:
@@ -217,7 +246,15 @@ def install(model: Any, components: bool | None = None, force: bool = False) -> 
         pending.clear()
         ids = kwargs.get("input_ids", args[0] if args else None)
         if ids is not None and getattr(ids, "dtype", None) is not None and not ids.dtype.is_floating_point:
-            capture_input_ids(ids)
+            try:
+                bound = inspect.signature(inner.forward).bind_partial(*args, **kwargs).arguments
+            except TypeError:
+                bound = {}
+            if "positions" not in bound:  # a forward(*args, **kwargs) wrapper: the engines' order
+                bound = {"positions": kwargs.get("positions", args[1] if len(args) > 1 else None),
+                         "forward_batch": kwargs.get("forward_batch", args[2] if len(args) > 2 else None)}
+            batch = bound.get("forward_batch")
+            capture_input_ids(ids, bound.get("positions"), batch if hasattr(batch, "forward_mode") else None)
 
     def after(_m: Any, _args: tuple, _kwargs: dict, out: Any) -> None:
         aux = out[1] if isinstance(out, tuple) and len(out) == 2 else None

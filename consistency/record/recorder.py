@@ -9,6 +9,9 @@ A runtime patch is one import and one call per captured point::
 :class:`Recorder` is active (context manager) or when ``CONSISTENCY_RECORD`` names an
 output path (the recorder is then created lazily and written at interpreter exit, or on
 :func:`flush`). Under torch.distributed each rank writes its own file, atomically.
+The environment recorder never loses a recording: an existing output is kept and the
+recording goes to a sibling name (``CONSISTENCY_FORCE=1`` overwrites), said in one line
+on stderr at the first capture (docs/commands.md#in-your-own-code-the-drop-in-capture).
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ from __future__ import annotations
 import atexit
 import datetime as _dt
 import os
+import sys
+import tempfile
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -29,6 +34,7 @@ from consistency.record.tensors import layout, to_numpy
 
 ENV_PATH = "CONSISTENCY_RECORD"
 ENV_RANK0 = "CONSISTENCY_RECORD_RANK0_ONLY"
+ENV_FORCE = "CONSISTENCY_FORCE"  # "1": the environment recorder may overwrite an existing file
 
 _active: Recorder | None = None
 _lock = threading.Lock()
@@ -72,11 +78,21 @@ class Recorder:
         self.tensors: dict[str, tuple[Any, str]] = {}
         self.counts: dict[str, int] = {}
         self.written: Path | None = None
+        # the environment recorder: ``path`` stays the requested name (patches identify it by
+        # that); ``redirect`` is where it will really write when that name cannot be used
+        self.from_env = False
+        self.redirect: Path | None = None
 
-    def capture(self, name: str, tensor: Any, producer: str | None = None, **meta: Any) -> None:
-        """Copy ``tensor`` to the host under ``name``; a repeated name gets ``name#2``, ... ."""
+    def capture(self, name: str, tensor: Any, producer: str | None = None, positions: Any = None, **meta: Any) -> None:
+        """Copy ``tensor`` to the host under ``name``; a repeated name gets ``name#2``, ... .
+
+        ``positions`` (this forward pass's token positions) is written once per pass as
+        ``positions``/``positions#k``, beside the k-th capture, so captures can be stitched.
+        """
         if not self.enabled:
             return
+        if positions is not None:
+            self.capture_positions(name, positions)
         n = self.counts.get(name, 0) + 1
         self.counts[name] = n
         key = name if n == 1 else f"{name}#{n}"
@@ -84,18 +100,33 @@ class Recorder:
         if "shard" in meta:  # 'h[tp]', 't[tp]', 'tp:partial', 'tp:replicated' or a ShardSpec
             from consistency.dump.ranks import parse_shard
 
-            meta["shard"] = parse_shard(meta["shard"], self.rank or 0, self.world or 1)
+            meta["shard"] = parse_shard(meta["shard"], self.rank or 0, self.world or 1,
+                                        self.metadata.extra.get("parallel"))  # a declared layout's TP/DP rank
         for k, v in meta.items():
             setattr(tm, k, v)
         self.tensors[key] = to_numpy(tensor)
         self.metadata.tensors[key] = tm
 
+    def capture_positions(self, name: str, positions: Any) -> None:
+        """Record ``positions`` for the pass that ``name``'s next capture belongs to, once."""
+        k = self.counts.get(name, 0) + 1
+        if self.counts.get("positions", 0) == k - 1:
+            self.capture("positions", positions, producer="positions")
+
     def save(self) -> Path | None:
+        """Write the dump. The environment recorder never raises here and never loses the
+        recording (:func:`_save_safely`); a recorder opened in code raises as usual."""
         if not self.enabled or not self.tensors:
             return None
-        self.metadata.created = self.metadata.created or _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+        if self.from_env:
+            return _save_safely(self)
+        return self._write(self.path, self.force)
+
+    def _write(self, path: Path, force: bool) -> Path:
+        now = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+        self.metadata.created = self.metadata.created or now
         self.metadata.tool_version = __version__
-        self.written = write_dump(self.path, self.tensors, self.metadata, force=self.force)
+        self.written = write_dump(path, self.tensors, self.metadata, force=force)
         return self.written
 
     def __enter__(self) -> Recorder:
@@ -133,14 +164,102 @@ def _from_env() -> Recorder | None:
             runtime = os.environ.get("CONSISTENCY_RUNTIME")
             meta = DumpMetadata(side=side if side in ("training", "serving") else None,
                                 runtime=RuntimeInfo(name=runtime) if runtime else None)
-            _active = Recorder(path, meta, force=os.environ.get("CONSISTENCY_FORCE") == "1",
+            _active = Recorder(path, meta, force=os.environ.get(ENV_FORCE) == "1",
                                rank0_only=os.environ.get(ENV_RANK0) == "1")
+            _active.from_env = True
+            _preflight(_active)
             atexit.register(flush)
     return _active
 
 
-def capture(name: str, tensor: Any, producer: str | None = None, **meta: Any) -> None:
-    """Record ``tensor`` as ``name`` if recording is on; otherwise do nothing, cheaply."""
+def _say(msg: str) -> None:
+    """One line on stderr (the server's log): where the recording goes and why."""
+    from consistency.report.escape import term
+
+    try:
+        sys.stderr.write(f"consistency: {ENV_PATH}: {term(msg)}\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):  # stderr closed at exit: nothing more we can do
+        pass
+
+
+def sibling(path: Path) -> Path:
+    """A fresh name next to ``path``: ``out.safetensors`` -> ``out.20261130T081500-4242.safetensors``
+    (time and pid, so a re-run and a second process never pick the same name)."""
+    suffix = path.suffix or ".safetensors"
+    stem = path.name[: len(path.name) - len(path.suffix)] if path.suffix else path.name
+    stamp = _dt.datetime.now().strftime("%Y%m%dT%H%M%S")
+    for k in range(1000):
+        cand = path.with_name(f"{stem}.{stamp}-{os.getpid()}{'' if k == 0 else f'-{k}'}{suffix}")
+        if not cand.exists() and not cand.is_symlink():
+            return cand
+    return path.with_name(f"{stem}.{stamp}-{os.getpid()}-{os.urandom(4).hex()}{suffix}")
+
+
+def _preflight(rec: Recorder) -> None:
+    """At the first capture, not at exit: say now if the output cannot be written as named.
+
+    A server may run for hours before it exits; learning then that the path existed or its
+    directory was missing would lose the whole run. The recording is never dropped for
+    these reasons: an existing file keeps its content and the recording gets a sibling
+    name; a missing directory is created at exit; an unwritable one falls back to the
+    temporary directory. ``CONSISTENCY_FORCE=1`` overwrites an existing file instead.
+    """
+    if not rec.enabled:
+        return
+    p = rec.path
+    if (p.exists() or p.is_symlink()) and not rec.force:
+        if p.is_dir() or (p.exists() and not p.is_file()):
+            rec.redirect = sibling(p.parent / (p.name + ".safetensors")) if p.is_dir() else sibling(p)
+            _say(f"{p} is not a regular file; the recording will be written to {rec.redirect}")
+        else:
+            rec.redirect = sibling(p)
+            _say(f"{p} exists (kept); the recording will be written to {rec.redirect} "
+                 f"(set {ENV_FORCE}=1 to overwrite instead)")
+    parent = (rec.redirect or p).parent
+    if not parent.exists():
+        _say(f"directory {parent} does not exist; it will be created when the recording is written")
+    elif not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        rec.redirect = sibling(Path(tempfile.gettempdir()) / p.name)
+        _say(f"{parent} is not a writable directory; the recording will be written to {rec.redirect} instead")
+
+
+def _save_safely(rec: Recorder) -> Path | None:
+    """Write the environment-activated recording, never losing it to a name clash, a missing
+    directory or a full disk: try the path, then a sibling name, then the temporary
+    directory; say where it went (or why nowhere) in one line, never a traceback."""
+    from consistency.errors import ConsistencyError, OutputExistsError
+
+    wanted = rec.redirect or rec.path
+    tried: list[str] = []
+    candidates = [wanted, sibling(wanted), sibling(Path(tempfile.gettempdir()) / wanted.name)]
+    force = rec.force and rec.redirect is None
+    for i, cand in enumerate(candidates):
+        try:
+            if i < 2 and not cand.parent.exists():
+                cand.parent.mkdir(parents=True, exist_ok=True)
+            out = rec._write(cand, force and i == 0)  # a sibling is never an overwrite
+        except OutputExistsError:
+            tried.append(f"{cand}: exists")
+            continue
+        except (ConsistencyError, OSError) as exc:
+            tried.append(str(exc) if isinstance(exc, ConsistencyError) else f"{cand}: {exc.strerror or exc}")
+            continue
+        if cand != wanted:
+            _say(f"recording written to {out} (not {wanted}: {'; '.join(tried)})")
+        return out
+    n = len(rec.tensors)
+    mb = sum(getattr(a[0] if isinstance(a, tuple) else a, "nbytes", 0) for a in rec.tensors.values()) / 1e6
+    _say(f"could not write the recording ({n} tensors, {mb:.1f} MB) anywhere: {'; '.join(tried)}")
+    return None
+
+
+def capture(name: str, tensor: Any, producer: str | None = None, positions: Any = None, **meta: Any) -> None:
+    """Record ``tensor`` as ``name`` if recording is on; otherwise do nothing, cheaply.
+
+    ``positions``: the token positions of this forward pass (``forward_batch.positions``
+    in SGLang, ``positions`` in vLLM), written once per pass so captures can be stitched.
+    """
     rec = _active
     if rec is None:
         if ENV_PATH not in os.environ:
@@ -148,6 +267,8 @@ def capture(name: str, tensor: Any, producer: str | None = None, **meta: Any) ->
         rec = _from_env()
         if rec is None:
             return
+    if positions is not None:
+        meta["positions"] = positions
     rec.capture(name, tensor, producer, **meta)
 
 
@@ -156,7 +277,10 @@ def active() -> Recorder | None:
 
 
 def flush() -> Path | None:
-    """Write the environment-activated recorder now (also runs at interpreter exit)."""
+    """Write the environment-activated recorder now (also runs at interpreter exit).
+
+    Never raises: at interpreter exit a traceback would be the only trace of a lost
+    recording. Where it went is said on stderr when it is not the requested path."""
     rec = _active
     if rec is None or not rec.tensors or rec.written is not None:
         return None

@@ -6,3 +6,7 @@ the real draft, loaded from its checkpoint, on what each side would feed it, and
 against the target's own next tokens. Only :mod:`consistency.replay.report` and
 :mod:`consistency.replay.config` import without torch.
 """
+
+from consistency import _callable_package  # noqa: E402 - consistency.replay(...) is consistency.api.replay
+
+_callable_package(__name__)

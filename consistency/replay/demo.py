@@ -20,7 +20,7 @@ TARGET = "tiny-llama"
 STEPS = 3  # SGLang --speculative-num-steps 3, topk 1: 4 draft tokens per verification
 
 
-def demo_replay(con: Any, out_dir: Path, train_path: Path, serve_path: Path) -> None:
+def demo_replay(con: Any, out_dir: Path, train_path: Path, serve_path: Path, force: bool = False) -> None:
     import json
 
     from consistency.dump.atomic import write_text_atomic
@@ -43,7 +43,7 @@ def demo_replay(con: Any, out_dir: Path, train_path: Path, serve_path: Path) -> 
               f"{Path(train_path).name} {Path(serve_path).name}", markup=False, highlight=False)
     rep = run_replay(str(draft), target, train_path, serve_path, steps=STEPS)
     render(rep, con)
-    write_text_atomic(Path(out_dir) / "replay.json", rep.model_dump_json(indent=2) + "\n", force=True)
+    write_text_atomic(Path(out_dir) / "replay.json", rep.model_dump_json(indent=2) + "\n", force=force)
     r, c = rep.reference, rep.candidate
     if rep.verdict == "fail":
         con.print(Text(f"what it costs: the draft's acceptance falls from {100 * r.acceptance_rate:.0f}% to "

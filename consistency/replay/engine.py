@@ -10,6 +10,7 @@ as SGLang's ``accept length`` and the EAGLE papers' tau do: 1 + accepted drafts,
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,8 @@ from consistency.errors import InputError, UsageError
 from consistency.replay.chain import run_chain
 from consistency.replay.load import LoadedDraft, TargetParts, load_draft
 from consistency.replay.report import DraftSummary, Drop, ReplayReport, SideReplay, StepStats
-from consistency.replay.sides import Side, read_side
+from consistency.replay.checks import check_sides, common_tokens
+from consistency.replay.sides import Side, read_side, truncate
 
 DEFAULT_STEPS = 3
 WEAK_TOP1 = 0.2  # below this on the reference, a drop means little
@@ -110,32 +112,45 @@ def load_target(spec: str | None) -> Any | None:
 
 def run_replay(draft: str | Path, target: str | Any | None, reference: str | Path, candidate: str | Path,
                steps: int | None = None, max_drop_points: float = 5.0, feed: str = "auto", labels: str = "auto",
-               overrides: dict[str, bool] | None = None, min_acceptance: float | None = None) -> ReplayReport:
+               overrides: dict[str, bool] | None = None, min_acceptance: float | None = None,
+               layer_ids: Sequence[int] | None = None, convention: str | None = None) -> ReplayReport:
     """Library entry (CLI, demo, gate). ``target`` is a spec (built-in name or local HF dir),
-    an already loaded HF model, or None when the draft and dumps carry everything."""
+    an already loaded HF model, or None when the draft and dumps carry everything.
+    ``layer_ids``/``convention``: for training files that do not record their streams, as
+    ``compare`` takes them. Refused (UsageError) before any score: a target the dumps were not
+    recorded on, reference and candidate swapped, dumps of different text (replay/checks.py)."""
     t0 = time.perf_counter()
     if feed not in ("auto", "own", "teacher"):
         raise UsageError(f"--feed must be 'auto', 'own' or 'teacher', got {feed!r}")
     if min_acceptance is not None and not 0.0 <= min_acceptance <= 1.0:
         raise UsageError(f"min_acceptance is a fraction between 0 and 1, got {min_acceptance}")
+    if not 0.0 <= max_drop_points < float("inf"):  # NaN compares False: a drop could never fail
+        raise UsageError(f"max_drop is a finite number of points >= 0, got {max_drop_points}")
     if isinstance(target, (str, Path)) or target is None:
         tmodel, tname = load_target(None if target is None else str(target)), None if target is None else str(target)
     else:
         tmodel, tname = target, getattr(target.config, "_name_or_path", None) or type(target).__name__
     parts = TargetParts.from_model(tmodel, tname) if tmodel is not None else None
     d = load_draft(draft, parts, overrides)
-    k = steps or d.config.speculative_tokens or DEFAULT_STEPS
+    k = steps if steps is not None else (d.config.speculative_tokens or DEFAULT_STEPS)
     if k < 1 or k > 64:
         raise UsageError(f"--steps must be between 1 and 64, got {k}")
     width = d.model.target_hidden
     cache: dict[bytes, torch.Tensor] = {}
-    ref = read_side(reference, d.model.num_aux, width, tmodel, labels, cache)
-    cand = read_side(candidate, d.model.num_aux, width, tmodel, labels, cache)
+    ids = list(layer_ids) if layer_ids is not None else None
+    ref = read_side(reference, d.model.num_aux, width, tmodel, labels, cache, ids, convention, tname)
+    cand = read_side(candidate, d.model.num_aux, width, tmodel, labels, cache, ids, convention, tname)
+    check_sides(reference, ref.meta, candidate, cand.meta)
+    shared = common_tokens(ref.ids, cand.ids, reference, candidate)
+    cut = [f"{s.path.name} holds {len(s.ids)} tokens: replayed on the {shared} both dumps share"
+           for s in (ref, cand) if len(s.ids) > shared]
+    ref, cand = truncate(ref, shared), truncate(cand, shared)
     feed, why = choose_feed(feed, (ref, cand))
     rs, cs = replay_side(d, ref, k, feed), replay_side(d, cand, k, feed)
     rep = build_report(d, tname, ref, cand, rs, cs, k, feed, max_drop_points, time.perf_counter() - t0, min_acceptance)
     if why:
         rep.notes.insert(0, why)
+    rep.notes[:0] = cut
     return rep
 
 

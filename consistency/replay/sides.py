@@ -12,7 +12,8 @@ recorded next token, which is the target's own only on a greedily generated dump
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -20,10 +21,12 @@ import numpy as np
 import torch
 
 from consistency.compare.align import describe_side
+from consistency.contract.models import DumpMetadata
 from consistency.dump import names
 from consistency.dump.reader import Dump, TensorView
 from consistency.dump.sets import open_side
 from consistency.errors import InputError
+from consistency.replay.checks import check_model, check_streams
 
 CHUNK_ROWS = 4096
 
@@ -39,6 +42,7 @@ class Side:
     labels: torch.Tensor  # [T] target's next token after ids[:p+1]
     label_source: str
     greedy_agreement: float | None
+    meta: DumpMetadata | None = None
 
 
 def _rows(view: TensorView) -> torch.Tensor:
@@ -65,12 +69,17 @@ def token_ids(d: Dump) -> torch.Tensor:
 
 
 def read_side(path: str | Path, num_aux: int, width: int, target: Any | None, labels: str = "auto",
-              cache: dict[bytes, torch.Tensor] | None = None) -> Side:
+              cache: dict[bytes, torch.Tensor] | None = None, layer_ids: Sequence[int] | None = None,
+              convention: str | None = None, target_name: str | None = None) -> Side:
     """``num_aux`` slots of ``width`` are what the draft's ``fc`` takes (n x H_target);
-    ``cache`` shares target labels between dumps of the same tokens (one forward, not two)."""
+    ``cache`` shares target labels between dumps of the same tokens (one forward, not two).
+    ``layer_ids``/``convention`` describe a training file that does not record its streams,
+    exactly as ``compare --layer-ids --convention`` reads it (open_side)."""
     p = Path(path)
-    with open_side(p) as d:  # dumps, rank sets, speculators hs_*.safetensors, SpecForge .ckpt
+    with open_side(p, layer_ids, convention) as d:  # dumps, rank sets, speculators hs_*.safetensors, SpecForge .ckpt
         ids = token_ids(d)
+        check_model(p, d.metadata, target, target_name)
+        check_streams(p, d, ids, target, target_name)
         info = describe_side(d, width, num_aux)
         if not info.slots:
             raise InputError(p, "has no aux slots ('aux.{i}' or a concatenated 'aux') to feed the draft")
@@ -86,9 +95,10 @@ def read_side(path: str | Path, num_aux: int, width: int, target: Any | None, la
         if not torch.isfinite(aux).all():
             raise InputError(p, "aux slots hold NaN or Inf values")
         dtype = info.slots[0].dtype
+        meta = d.metadata
         y, source = _labels(d, ids, target, labels, cache if cache is not None else {})
     agree = None if source == "input_ids" else float((ids[1:] == y[:-1]).float().mean())
-    return Side(p, ids, aux, [v.name for v in info.slots], info.claimed_streams, dtype, y, source, agree)
+    return Side(p, ids, aux, [v.name for v in info.slots], info.claimed_streams, dtype, y, source, agree, meta)
 
 
 def _labels(d: Dump, ids: torch.Tensor, target: Any | None, mode: str,
@@ -123,3 +133,10 @@ def target_next_tokens(target: Any, ids: torch.Tensor) -> torch.Tensor:
         raise InputError(None, f"token id {int(ids.max())} is outside the target's vocabulary of {vocab}")
     out = target(input_ids=ids[None])
     return out.logits[0].argmax(-1)
+
+
+def truncate(side: Side, n: int) -> Side:
+    """The first ``n`` tokens of a side (the part both dumps share)."""
+    if n >= len(side.ids):
+        return side
+    return replace(side, ids=side.ids[:n], aux=side.aux[:n], labels=side.labels[:n])

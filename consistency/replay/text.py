@@ -13,6 +13,7 @@ from rich.text import Text
 
 from consistency.contract.findings import Severity
 from consistency.replay.report import ReplayReport, SideReplay
+from consistency.report.escape import term
 
 _STYLE = {Severity.error: "bold red", Severity.warning: "yellow", Severity.info: "dim"}
 
@@ -23,12 +24,12 @@ def _pct(x: float | None) -> str:
 
 def _side_label(s: SideReplay) -> str:
     streams = f" streams {s.claimed_streams}" if s.claimed_streams else ""
-    return f"{s.aux_dtype}{streams}"
+    return term(f"{s.aux_dtype}{streams}")
 
 
 def verdict_line(rep: ReplayReport) -> Text:
     style = "bold green" if rep.verdict == "pass" else "bold red"
-    return Text.assemble((rep.verdict.upper(), style), "  ", rep.summary)
+    return Text.assemble((rep.verdict.upper(), style), "  ", term(rep.summary))
 
 
 def render(rep: ReplayReport, con: Console, quiet: bool = False) -> None:
@@ -36,12 +37,13 @@ def render(rep: ReplayReport, con: Console, quiet: bool = False) -> None:
         con.print(verdict_line(rep))
         return
     d = rep.draft
-    con.print(Text.assemble(("consistency replay ", "bold"), rep.reference.path, "  vs  ", rep.candidate.path))
-    con.print(Text(f"draft {d.path} ({d.layout} layout, {d.num_aux} aux slots x {d.target_hidden_size}, "
+    con.print(Text.assemble(("consistency replay ", "bold"), term(rep.reference.path), "  vs  ",
+                            term(rep.candidate.path)))
+    con.print(Text(term(f"draft {d.path} ({d.layout} layout, {d.num_aux} aux slots x {d.target_hidden_size}, "
                    f"hidden {d.hidden_size}, vocab {d.draft_vocab_size}/{d.target_vocab_size}; embed from "
                    f"{d.sources.get('embed_tokens', '?')}, lm_head from {d.sources.get('lm_head', '?')}, "
                    f"d2t {d.sources.get('d2t', '?')}); target {rep.target or '-'}; K={rep.steps} chained steps, "
-                   f"topk 1, fed its {'own proposals' if rep.feed == 'own' else 'recorded tokens'}", style="dim"))
+                   f"topk 1, fed its {'own proposals' if rep.feed == 'own' else 'recorded tokens'}"), style="dim"))
     con.print(verdict_line(rep))
     t = Table(show_edge=False, pad_edge=False)
     t.add_column("")
@@ -50,7 +52,7 @@ def render(rep: ReplayReport, con: Console, quiet: bool = False) -> None:
     t.add_column("change", justify="right")
     r, c, dr = rep.reference, rep.candidate, rep.drop
     bad = "red" if rep.verdict == "fail" else "green"
-    t.add_row("aux fed", _side_label(r), _side_label(c), "")
+    t.add_row("aux fed", Text(_side_label(r)), Text(_side_label(c)), "")
     t.add_row("top-1 accuracy (step 1)", _pct(r.top1), _pct(c.top1), Text(f"{-dr.top1_points:+.1f} pts", style=bad))
     t.add_row("acceptance rate", _pct(r.acceptance_rate), _pct(c.acceptance_rate),
               Text(f"{-dr.acceptance_points:+.1f} pts", style=bad))
@@ -60,7 +62,7 @@ def render(rep: ReplayReport, con: Console, quiet: bool = False) -> None:
         t.add_row(f"  step {rs.step} accepted | reached", f"{_pct(rs.conditional)} of {rs.reached}",
                   f"{_pct(cs.conditional)} of {cs.reached}", "")
     t.add_row("tokens / chains", f"{r.tokens} / {r.anchors}", f"{c.tokens} / {c.anchors}", "")
-    t.add_row("labels", r.label_source, c.label_source, "")
+    t.add_row("labels", Text(term(r.label_source)), Text(term(c.label_source)), "")
     con.print(t)
     if dr.lost or dr.gained:
         con.print(Text(f"position by position: {dr.lost} step-1 hits lost, {dr.gained} gained", style="dim"))
@@ -71,12 +73,12 @@ def render(rep: ReplayReport, con: Console, quiet: bool = False) -> None:
         ft.add_column("code")
         ft.add_column("message", overflow="fold")
         for f in sorted(shown, key=lambda f: list(Severity).index(f.severity)):
-            msg = Text(f.message)
+            msg = Text(term(f.message, multiline=True))
             if f.severity != Severity.info and f.fix:
-                msg.append(f"\n  fix: {f.fix}", style="cyan")
-            ft.add_row(Text(f.severity.value, style=_STYLE[f.severity]), f.code, msg)
+                msg.append(f"\n  fix: {term(f.fix, multiline=True)}", style="cyan")
+            ft.add_row(Text(f.severity.value, style=_STYLE[f.severity]), Text(term(f.code)), msg)
         con.print(ft)
     for n in rep.notes:
-        con.print(Text(f"note: {n}", style="dim"))
+        con.print(Text(f"note: {term(n)}", style="dim"))
     if rep.seconds is not None:
         con.print(Text(f"{rep.seconds:.2f} s", style="dim"))

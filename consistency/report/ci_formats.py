@@ -4,14 +4,23 @@ All three read the gate report's JSON form (schemas/gate-report.schema.json), so
 can also be produced later from a saved ``--json`` file. JUnit gets one test case per
 lint rule and per compared tensor; annotations are workflow commands that GitHub shows
 on the config line at fault; the Markdown goes to ``$GITHUB_STEP_SUMMARY``.
+
+Every string in a gate report may come from a file (check names from the config, tensor
+names and metadata from dumps), so each goes through :mod:`consistency.report.escape`
+for the output it lands in: ``xml`` for JUnit, ``annotation_*`` for workflow commands,
+``md`` for the summary.
 """
 
 from __future__ import annotations
 
+import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
+from consistency.report import escape as esc
+
+_SAFE_URL = re.compile(r"(https://[A-Za-z0-9./#_-]+|docs/[A-Za-z0-9./#_-]+)")
 _ICON = {"pass": "✅", "fail": "❌", "error": "⛔", "skipped": "⏭️"}
 
 
@@ -26,20 +35,20 @@ def junit_xml(report: dict[str, Any]) -> str:
              "skipped": sum(c["status"] == "skipped" for c in cases)}
         for k in tot:
             tot[k] += n[k]
-        suite = ET.SubElement(root, "testsuite", name=f"{chk['kind']}: {chk['name']}",
+        suite = ET.SubElement(root, "testsuite", name=esc.xml(f"{chk['kind']}: {chk['name']}"),
                               time=f"{chk.get('seconds') or 0:.3f}", **{k: str(v) for k, v in n.items()})
         for c in cases:
-            attrs = {"classname": f"consistency.{chk['kind']}.{chk['name']}", "name": c["name"]}
+            attrs = {"classname": esc.xml(f"consistency.{chk['kind']}.{chk['name']}"), "name": esc.xml(c["name"])}
             if c.get("file"):
-                attrs["file"] = c["file"]
+                attrs["file"] = esc.xml(c["file"])
                 if c.get("line"):
                     attrs["line"] = str(c["line"])
             tc = ET.SubElement(suite, "testcase", **attrs)
-            body = c.get("message", "") + (f"\nfix: {c['fix']}" if c.get("fix") else "") + (
-                f"\nsee: {c['doc']}" if c.get("doc") else "")
-            first = (c.get("message") or "").split("\n", 1)[0]
+            body = esc.xml(c.get("message", "") + (f"\nfix: {c['fix']}" if c.get("fix") else "") + (
+                f"\nsee: {c['doc']}" if c.get("doc") else ""))
+            first = esc.xml((c.get("message") or "").split("\n", 1)[0])
             if c["status"] == "failed":
-                ET.SubElement(tc, "failure", message=first, type=c.get("code") or "failure").text = body
+                ET.SubElement(tc, "failure", message=first, type=esc.xml(c.get("code") or "failure")).text = body
             elif c["status"] == "error":
                 ET.SubElement(tc, "error", message=first, type="input").text = body
             elif c["status"] == "skipped":
@@ -50,14 +59,6 @@ def junit_xml(report: dict[str, Any]) -> str:
         root.set(k, str(v))
     ET.indent(root)
     return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
-
-
-def _esc_data(s: str) -> str:
-    return s.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
-
-
-def _esc_prop(s: str) -> str:
-    return _esc_data(s).replace(":", "%3A").replace(",", "%2C")
 
 
 def _rel(path: str, base: Path | None) -> str:
@@ -84,29 +85,30 @@ def github_annotations(report: dict[str, Any], base: Path | None = None) -> list
                 continue
             props = []
             if c.get("file"):
-                props.append(f"file={_esc_prop(_rel(c['file'], base))}")
+                props.append(f"file={esc.annotation_prop(_rel(c['file'], base))}")
                 if c.get("line"):
                     props.append(f"line={int(c['line'])}")
             title = "consistency {} {}: {}".format(chk["kind"], chk["name"], c["name"])
-            props.append(f"title={_esc_prop(title)}")
+            props.append(f"title={esc.annotation_prop(title)}")
             msg = c.get("message", "") + (f"\nfix: {c['fix']}" if c.get("fix") else "")
-            out.append(f"::{level} {','.join(props)}::{_esc_data(msg)}")
+            out.append(f"::{level} {','.join(props)}::{esc.annotation_data(msg)}")
     return out
 
 
-def _cell(s: str) -> str:
-    return s.replace("|", "\\|").replace("\n", "<br>")
+def _cell(s: Any) -> str:
+    return esc.md(s, br=True)
 
 
 def markdown_summary(report: dict[str, Any]) -> str:
     """A step summary: the verdict, a table of checks, then what failed and how to fix it."""
     lines = [f"## consistency gate: {_ICON.get(report['verdict'], '')} {report['verdict'].upper()}", "",
-             report.get("summary", ""), "", "| check | verdict | cases | summary |", "|---|---|---|---|"]
+             _cell(report.get("summary", "")), "", "| check | verdict | cases | summary |", "|---|---|---|---|"]
     for chk in report.get("checks", []):
         cs = chk.get("cases", [])
         counts = ", ".join(f"{sum(c['status'] == s for c in cs)} {s}" for s in ("passed", "failed", "skipped", "error")
                            if any(c["status"] == s for c in cs))
-        lines.append(f"| {chk['kind']} `{chk['name']}` | {_ICON.get(chk['verdict'], '')} {chk['verdict']} | {counts} "
+        lines.append(f"| {chk['kind']} {esc.md_code(chk['name'])} | {_ICON.get(chk['verdict'], '')} "
+                     f"{chk['verdict']} | {counts} "
                      f"| {_cell(chk.get('summary', ''))} |")
     for chk in report.get("checks", []):
         rep = chk.get("report") or {}
@@ -114,7 +116,7 @@ def markdown_summary(report: dict[str, Any]) -> str:
         slots = rep.get("slots") if chk["kind"] == "lint" else None
         if not bad and not (slots and chk["verdict"] != "pass"):
             continue
-        lines += ["", f"### {chk['kind']} `{chk['name']}`", ""]
+        lines += ["", f"### {chk['kind']} {esc.md_code(chk['name'])}", ""]
         if slots and chk["kind"] == "lint":
             lines += ["| slot | training stream | serving stream | config id |", "|---|---|---|---|"]
             for r in slots:
@@ -123,15 +125,17 @@ def markdown_summary(report: dict[str, Any]) -> str:
                              f"| {_v(r.get('serving_id'))} |")
             lines.append("")
         for c in bad:
-            where = f" (`{c['file']}`{':' + str(c['line']) if c.get('line') else ''})" if c.get("file") else ""
-            lines.append(f"- **{c['status'] if c['status'] != 'passed' else 'warning'}** {c['name']}{where}: "
+            where = (f" ({esc.md_code(str(c['file']) + (':' + str(c['line']) if c.get('line') else ''))})"
+                     if c.get("file") else "")
+            lines.append(f"- **{c['status'] if c['status'] != 'passed' else 'warning'}** {_cell(c['name'])}{where}: "
                          f"{_cell(c.get('message', ''))}")
             if c.get("fix"):
                 lines.append(f"  - fix: {_cell(c['fix'])}")
             if c.get("doc"):
-                lines.append(f"  - see [{c['doc']}]({c['doc']})")
+                doc = str(c["doc"])
+                lines.append(f"  - see [{doc}]({doc})" if _SAFE_URL.fullmatch(doc) else f"  - see {_cell(doc)}")
     return "\n".join(lines) + "\n"
 
 
 def _v(x: Any) -> str:
-    return "-" if x is None else str(x)
+    return "-" if x is None else esc.md(x)

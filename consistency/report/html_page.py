@@ -17,10 +17,10 @@ from __future__ import annotations
 import math
 import os
 import statistics
-from html import escape
 from pathlib import Path
 
 from consistency.contract.findings import CODES, CompareReport, DumpSummary, Finding, Severity, SlotReport
+from consistency.report import escape as esc
 from consistency.report.heatmap import EXPECTED_COLOUR, describe, fmt, grids
 from consistency.report.html_svg import colorbar_svg, heatmap_svg, token_plot_svg
 
@@ -77,7 +77,8 @@ footer{margin-top:36px;color:var(--muted);font-size:12px}
 
 
 def _e(v: object) -> str:
-    return escape("" if v is None else str(v), quote=True)
+    """Every value from a dump or a path: markup and controls escaped (report/escape.py)."""
+    return esc.html(v)
 
 
 def docs_base() -> str:

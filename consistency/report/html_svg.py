@@ -10,15 +10,15 @@ that comes from a dump (tensor names) is escaped.
 from __future__ import annotations
 
 import math
-from html import escape
 
+from consistency.report import escape as esc
 from consistency.report.heatmap import EXPECTED_COLOUR, Grid, Scale, colour, fmt, ink
 
 FONT = "font-family=\"system-ui, -apple-system, 'Segoe UI', 'DejaVu Sans', sans-serif\""
 
 
 def _a(v: object) -> str:
-    return escape(str(v), quote=True)
+    return esc.html(v)
 
 
 def heatmap_svg(g: Grid) -> str:

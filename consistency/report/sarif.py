@@ -10,19 +10,22 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from consistency.report import escape as esc
+
 SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
 INFO_URI = "https://github.com/consistency-dev/consistency"
 _LEVEL = {"error": "error", "warning": "warning", "info": "note"}
 
 
 def _uri(path: str, base: Path | None) -> str:
-    p = Path(path)
-    if base is not None:
-        try:
-            return p.resolve().relative_to(base.resolve()).as_posix()
-        except ValueError:
-            pass
-    return p.as_posix()
+    """Percent-encoded (a file name with spaces, ``#`` or ``%`` is still one valid URI)."""
+    return esc.uri(path, base)
+
+
+def _msg(s: Any) -> str:
+    """SARIF message text: controls shown escaped; ``[``/``]`` escaped because SARIF reads
+    ``[text](id)`` in a message as an embedded link (SARIF 2.1.0 §3.11.6)."""
+    return esc.controls(s).replace("[", "\\[").replace("]", "\\]")
 
 
 def lint_sarif(report: dict[str, Any], base: Path | None = None, include_info: bool = False) -> dict[str, Any]:
@@ -47,7 +50,7 @@ def lint_sarif(report: dict[str, Any], base: Path | None = None, include_info: b
         if f["severity"] == "info" and not include_info:
             continue
         res: dict[str, Any] = {"ruleId": f["code"], "level": _LEVEL[f["severity"]],
-                               "message": {"text": f["message"] + (f" Fix: {f['fix']}" if f.get("fix") else "")}}
+                               "message": {"text": _msg(f["message"] + (f" Fix: {f['fix']}" if f.get("fix") else ""))}}
         if f["code"] in index:
             res["ruleIndex"] = index[f["code"]]
         loc = f.get("location") or {}
@@ -57,7 +60,8 @@ def lint_sarif(report: dict[str, Any], base: Path | None = None, include_info: b
                 phys["region"] = {"startLine": int(loc["line"])}
             res["locations"] = [{"physicalLocation": phys}]
             if loc.get("key"):
-                res["locations"][0]["logicalLocations"] = [{"fullyQualifiedName": loc["key"], "kind": "member"}]
+                res["locations"][0]["logicalLocations"] = [{"fullyQualifiedName": esc.controls(loc["key"]),
+                                                            "kind": "member"}]
         results.append(res)
     return {
         "$schema": SARIF_SCHEMA, "version": "2.1.0",

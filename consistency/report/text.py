@@ -13,6 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 from consistency.contract.findings import CompareReport, Finding, Severity
+from consistency.report.escape import term
 
 _STYLE = {Severity.error: "bold red", Severity.warning: "yellow", Severity.info: "dim"}
 
@@ -26,17 +27,18 @@ def console(file: IO[str] | None = None) -> Console:
 
 def verdict_line(rep: CompareReport) -> Text:
     style = "bold green" if rep.verdict == "pass" else "bold red"
-    return Text.assemble((rep.verdict.upper(), style), "  ", rep.summary)
+    return Text.assemble((rep.verdict.upper(), style), "  ", term(rep.summary))
 
 
 def render(rep: CompareReport, con: Console, quiet: bool = False, show_ok: bool = False) -> None:
     if quiet:
         con.print(verdict_line(rep))
         return
-    con.print(Text.assemble(("consistency compare ", "bold"), rep.reference.path, "  vs  ", rep.candidate.path))
+    con.print(Text.assemble(("consistency compare ", "bold"), term(rep.reference.path), "  vs  ",
+                            term(rep.candidate.path)))
     con.print(verdict_line(rep))
     for a in rep.assumptions:
-        con.print(Text(f"note: {a}", style="dim"))
+        con.print(Text(f"note: {term(a)}", style="dim"))
     if rep.slots:
         t = Table(title="aux slots", title_justify="left", show_edge=False, pad_edge=False)
         for col in ("slot", "tensor", "expected", "holds", "token rel_diff", "confidence", "code"):
@@ -47,7 +49,8 @@ def render(rep: CompareReport, con: Console, quiet: bool = False, show_ok: bool 
             conf = "-" if s.confidence is None else (">1e6" if s.confidence > 1e6 else f"{s.confidence:.3g}x")
             trd = "-" if s.token_rel_diff is None else f"{s.token_rel_diff:.2e}"
             code_style = "green" if s.code == "OK" else ("yellow" if s.code in ("DTYPE_MISMATCH", "NUMERIC_DRIFT") else "red")
-            t.add_row(str(s.slot), s.tensor, exp, holds, trd, conf, Text(s.code, style=code_style))
+            t.add_row(Text(str(s.slot)), Text(term(s.tensor)), Text(term(exp)), Text(term(holds)), Text(trd),
+                      Text(conf), Text(term(s.code), style=code_style))
         con.print(t)
     shown = [f for f in rep.findings if show_ok or f.code not in ("OK",)]
     if shown:
@@ -56,7 +59,7 @@ def render(rep: CompareReport, con: Console, quiet: bool = False, show_ok: bool 
         ft.add_column("code")
         ft.add_column("message", overflow="fold")
         for f in _ordered(shown):
-            ft.add_row(Text(f.severity.value, style=_STYLE[f.severity]), f.code, _message(f))
+            ft.add_row(Text(f.severity.value, style=_STYLE[f.severity]), Text(term(f.code)), _message(f))
         con.print(ft)
     diffs = [d for d in rep.metadata_diff]
     if diffs:
@@ -64,9 +67,9 @@ def render(rep: CompareReport, con: Console, quiet: bool = False, show_ok: bool 
         for col in ("field", "reference", "candidate", "meaning"):
             mt.add_column(col, overflow="fold")
         for d in diffs[:40]:
-            mt.add_row(d.path, _short(d.reference), _short(d.candidate), d.change)
+            mt.add_row(*(Text(term(x)) for x in (d.path, _short(d.reference), _short(d.candidate), d.change)))
         if len(diffs) > 40:
-            mt.add_row(f"... {len(diffs) - 40} more (see --json)", "", "", "")
+            mt.add_row(Text(f"... {len(diffs) - 40} more (see --json)"), "", "", "")
         con.print(mt)
     errors = sum(f.severity == Severity.error for f in rep.findings)
     warnings = sum(f.severity == Severity.warning for f in rep.findings)
@@ -98,11 +101,11 @@ def _ordered(fs: list[Finding]) -> list[Finding]:
 
 
 def _message(f: Finding) -> Text:
-    t = Text(f.message)
+    t = Text(term(f.message, multiline=True))
     ev = f.evidence
     if ev.get("before") is not None and ev.get("after") is not None:
         t.append(f"  [token rel_diff {ev['before']:.3g} -> {ev['after']:.3g} once explained"
                  f"{', approximate' if ev.get('approximate') else ''}]", style="dim")
     if f.severity != Severity.info and f.fix:
-        t.append(f"\n  fix: {f.fix}", style="cyan")
+        t.append(f"\n  fix: {term(f.fix)}", style="cyan")
     return t

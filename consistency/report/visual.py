@@ -19,7 +19,8 @@ from pathlib import Path
 
 from consistency.contract.findings import CompareReport
 from consistency.dump.atomic import check_writable, write_bytes_atomic, write_text_atomic
-from consistency.errors import InputError, UsageError
+from consistency.errors import InputError, need
+from consistency.report import escape as esc
 from consistency.report import html_page
 from consistency.report.heatmap import EXPECTED_COLOUR, Grid, colour, describe, fmt, grids, ink
 
@@ -35,11 +36,7 @@ def write_html(rep: CompareReport, path: Path, force: bool = False) -> Path:
 
 def require_png() -> None:
     """Fail before any work when --png cannot be honoured (matplotlib missing)."""
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        raise UsageError("--png needs matplotlib: pip install 'consistency[report]' "
-                         "(the --html report does not)") from None
+    need("report", "matplotlib", "--png (the --html report does not)")
 
 
 def png_names(rep: CompareReport) -> list[tuple[str, str, object]]:
@@ -123,13 +120,14 @@ def _heatmap_png(g: Grid) -> bytes:
         if j is not None:
             ax.add_patch(Rectangle((j - 0.44, i - 0.44), 0.88, 0.88, fill=False, edgecolor=EXPECTED_COLOUR,
                                    linewidth=2.4))
-    ax.set_yticks(range(nr), g.rows, fontsize=8)
+    ax.set_yticks(range(nr), [esc.mpl(r) for r in g.rows], fontsize=8)  # names from the dumps: no mathtext
     every = max(1, math.ceil(nc / 40))
-    ax.set_xticks(range(0, nc, every), g.col_labels[::every], fontsize=7 if nc > 20 else 8)
+    ax.set_xticks(range(0, nc, every), [esc.mpl(c) for c in g.col_labels[::every]], fontsize=7 if nc > 20 else 8)
     ax.set_xlabel("reference stream s (0 = embedding, s = output of layer s-1)", fontsize=8)
     ax.set_title(("focus: streams some slot expects or holds" if g.view == "focus" else "all reference streams")
                  + f" ({g.metric}, log scale: bright = close)", fontsize=9)
-    fig.text(0.01, -0.3 / height, _wrap(describe(g) + "  Red-orange outline: expected; ring: identified.", 130),
+    caption = esc.mpl(describe(g)) + "  Red-orange outline: expected; ring: identified."
+    fig.text(0.01, -0.3 / height, _wrap(caption, 130),
              fontsize=7.5, va="top")
     cmap = ListedColormap([colour(k / 255) for k in range(256)])
     from matplotlib.cm import ScalarMappable
@@ -168,7 +166,7 @@ def _tokens_png(rep: CompareReport, name: str) -> bytes:
     ax.tick_params(labelsize=7)
     ax.grid(True, which="major", color="#e4e4e4", linewidth=0.6)
     vs = html_page.versus(rep, name, f)
-    ax.set_title(f"{name}{vs}" + (f"  [{f.code}]" if f else ""), fontsize=9)
+    ax.set_title(esc.mpl(f"{name}{vs}" + (f"  [{f.code}]" if f else "")), fontsize=9)
     return _save(fig)
 
 

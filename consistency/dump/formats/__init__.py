@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from consistency.dump.reader import Dump
+from consistency.errors import InputError
 
 
 @dataclass(frozen=True)
@@ -43,13 +44,51 @@ def _specforge() -> Format:
 REGISTRY: tuple[Callable[[], Format], ...] = (_speculators, _specforge)
 
 
+# first bytes -> what the content is; a name never overrides them
+MAGIC: tuple[tuple[bytes, str], ...] = (
+    (b"\x1f\x8b", "gzip"), (b"PK\x03\x04", "zip"), (b"PK\x05\x06", "zip"), (b"\x80", "pickle"),
+    (b"BZh", "bzip2"), (b"\xfd7zXZ\x00", "xz"), (b"\x28\xb5\x2f\xfd", "zstd"),
+)
+# the content a name promises: a mismatch is refused before any loader sees the file
+EXPECTED = {".safetensors": "safetensors", ".npz": "zip"}
+
+
+def content_kind(head: bytes) -> str:
+    """What the first bytes say the file is: gzip, zip, pickle, ..., safetensors, or unknown."""
+    for magic, kind in MAGIC:
+        if head.startswith(magic):
+            return kind
+    if len(head) >= 9 and head[8:9] == b"{":  # u64 header length, then the JSON header
+        return "safetensors"
+    return "unknown"
+
+
+def check_content(path: Path, head: bytes) -> None:
+    """Refuse a file whose content contradicts its name (a gzip stream or a pickle named
+    ``.safetensors``), before any pickle-capable or decompressing loader sees it.
+
+    A ``.safetensors`` name is a promise of a header and raw bytes that our strict reader
+    parses; a file that breaks it is hostile or mislabelled either way, and routing it by
+    content to torch (as a SpecForge ``.ckpt.gz``) would inflate and unpickle it.
+    """
+    want = next((kind for suffix, kind in EXPECTED.items() if path.name.lower().endswith(suffix)), None)
+    have = content_kind(head)
+    if want is None or have == want or have == "unknown":
+        return
+    raise InputError(path, f"named {path.suffix} but its content is {have} data, not a {want} header; refused "
+                           "(files are read by what their name promises and never decompressed or unpickled on a "
+                           "guess)")
+
+
 def detect(path: Path) -> Format | None:
-    """The foreign format of ``path``, or None for a dump (or anything else)."""
+    """The foreign format of ``path``, or None for a dump (or anything else); a file whose
+    content contradicts its name is refused here (:func:`check_content`)."""
     try:
         with open(path, "rb") as fh:
             head = fh.read(16)
     except OSError:
         return None
+    check_content(path, head)
     for make in REGISTRY:
         fmt = make()
         if fmt.sniff(path, head):

@@ -34,7 +34,7 @@ from consistency.dump import dtypes, names
 from consistency.dump.formats.base import ForeignDump, aux_info, memory_view, resolve_claims, split_slots, tensor_meta
 from consistency.dump.reader import TensorView
 from consistency.dump.safetensors_io import open_regular
-from consistency.errors import InputError, UsageError
+from consistency.errors import InputError, UsageError, need
 
 NAME = "specforge"
 SUFFIXES = (".ckpt", ".ckpt.gz", ".pt", ".pth")
@@ -48,6 +48,8 @@ RENAMES = {"aux_hidden_state": None, "hidden_state": names.FINAL_NORM, "input_id
 def sniff(path: Path, head: bytes) -> bool:
     """By name (what SpecForge writes) or by gzip magic; content is checked on load."""
     name = path.name.lower()
+    if name.endswith((".safetensors", ".npz", ".json", ".yaml", ".yml", ".toml")):
+        return False  # a name that promises another format is never routed to torch by content
     return name.endswith(SUFFIXES) or head[:2] == GZIP_MAGIC
 
 
@@ -58,10 +60,7 @@ def open_file(path: Path, layer_ids: Sequence[int] | None = None, convention: st
 
 def load_record(path: Path) -> dict[str, Any]:
     """``torch.load(weights_only=True)`` of a .ckpt or .ckpt.gz; every failure is one InputError line."""
-    try:
-        import torch
-    except ImportError:
-        raise InputError(path, "reading SpecForge .ckpt files needs torch: pip install 'consistency[torch]'") from None
+    torch = need("torch", "torch", f"reading the SpecForge file {path}")
     fd = open_regular(path)  # refuses directories, devices and FIFOs
     os.close(fd)
     with open(path, "rb") as fh:

@@ -200,7 +200,7 @@ def config_vs_training(ctx: Context) -> Iterator[Hit]:
     d, tr = ctx.need_config(), ctx.need_training()
     if not tr.explicit:
         raise NotEvaluated("training streams were assumed from the draft config itself (--trained-with not given)")
-    own = from_draft(d, ctx.n)
+    own = from_draft(d, ctx.n, ctx.arch)
     if own is None or own.streams is None or tr.streams is None:
         raise NotEvaluated("the draft config's format has no training convention, or the layer count is unknown")
     readings = {f"{own.convention} convention": own.streams}

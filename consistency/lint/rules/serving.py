@@ -16,7 +16,7 @@ def vllm_method(ctx: Context) -> tuple[str | None, str]:
     """vLLM's method: given, from a speculators config, or guessed from the path (speculative.py)."""
     s = ctx.need_serve()
     if s.algorithm:
-        return s.algorithm, "method given in --speculative-config"
+        return s.algorithm, s.method_note or "method given in --speculative-config"
     d = ctx.draft
     if d is not None and d.format == "speculators":
         mt = d.config.get("speculators_model_type")
@@ -85,7 +85,11 @@ def algorithm(ctx: Context) -> Iterator[Hit]:
         right = "EAGLE3"
     else:
         if not s.spec_config:
-            yield Hit("no --speculative-config: speculative decoding is off")
+            local = s.target_model is not None and (Path(s.target_model) / "config.json").is_file()
+            yield Hit("no --speculative-config: speculative decoding is off" + (
+                "" if local or not s.target_model else
+                f" (unless {s.target_model} is a speculators draft, which turns EAGLE-3 on by itself; its config "
+                "is not a local directory, so lint cannot tell)"))
             return
         algo, how = vllm_method(ctx)
         right = "eagle3"

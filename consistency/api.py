@@ -1,0 +1,186 @@
+"""The Python API: compare, lint, replay and record from a notebook or a test suite.
+
+Each function returns the report model the matching command prints (``--json`` is its
+``model_dump_json()``), and raises :class:`consistency.errors.InputError` /
+:class:`~consistency.errors.UsageError` where the command would exit with code 2. They are
+thin: the work happens in the same library entry points the CLI and the gate call
+(:func:`consistency.diagnose.pipeline.run`, :func:`consistency.lint.engine.run_lint`,
+:func:`consistency.replay.api.replay_check`, :mod:`consistency.record.api`), so a notebook
+and CI reach the same verdict on the same inputs. Everything heavy is imported inside the
+functions: importing this module loads neither torch nor numpy. Guide: docs/api.md.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from consistency.contract.findings import CompareReport
+    from consistency.lint.report import LintReport
+    from consistency.replay.report import ReplayReport
+
+PathLike = str | os.PathLike  # noqa: UP007 - runtime alias
+
+
+def _tolerance(tolerance: Mapping[str, float] | Sequence[str] | str | None) -> tuple[str, ...]:
+    """``{"aux\\.2": 1e-3}`` or ``["aux\\.2=1e-3"]`` -> the CLI's REGEX=FLOOR strings."""
+    if tolerance is None:
+        return ()
+    if isinstance(tolerance, str):
+        return (tolerance,)
+    if isinstance(tolerance, Mapping):
+        return tuple(f"{k}={v}" for k, v in tolerance.items())
+    return tuple(str(t) for t in tolerance)
+
+
+def _codes(v: str | Sequence[str] | None) -> tuple[str, ...]:
+    if v is None:
+        return ()
+    return (v,) if isinstance(v, str) else tuple(str(x) for x in v)
+
+
+def _path(v: Any) -> str | None:
+    return None if v is None else os.fspath(v)
+
+
+def compare(reference: Any, candidate: Any, *, contract: PathLike | None = None, rtol: float | None = None,
+            atol: float | None = None, threshold: float | None = None,
+            tolerance: Mapping[str, float] | Sequence[str] | str | None = None,
+            layer_ids: str | Sequence[int] | None = None, convention: str | None = None,
+            progress: bool = False, **options: Any) -> CompareReport:
+    """Compare REFERENCE (what the draft was trained on) with CANDIDATE (what it is fed).
+
+    Each side is a path (a dump, a rank set, a speculators/SpecForge file), a mapping of
+    tensor names to numpy arrays or torch tensors (``{"hidden.3": h3, "aux.0": a0}``; a
+    bf16 tensor stays bf16), or a :class:`~consistency.dump.memory.MemoryDump` carrying
+    metadata. Options are the ``consistency compare`` flags; ``tolerance`` also takes a
+    ``{regex: floor}`` dict. Further keyword options go to the pipeline unchanged.
+    Returns the :class:`~consistency.contract.findings.CompareReport`; ``report.verdict``
+    is ``"pass"`` or ``"fail"``.
+    """
+    from consistency.diagnose.pipeline import run
+    from consistency.dump.memory import as_side
+
+    ref, cand = as_side(reference, "reference"), as_side(candidate, "candidate")
+    return run(ref, cand, contract=_path(contract), rtol=rtol, atol=atol, threshold=threshold,
+               tolerance=_tolerance(tolerance), progress=progress, layer_ids=layer_ids, convention=convention,
+               **options)
+
+
+def lint(draft: PathLike | None = None, target: PathLike | None = None, serve: str | None = None,
+         runtime: str | None = None, trained_with: PathLike | None = None, *,
+         select: str | Sequence[str] | None = None, ignore: str | Sequence[str] | None = None,
+         fail_on: str = "error") -> LintReport:
+    """Static checks of a draft, its target and the serving command (``consistency lint``).
+
+    ``serve`` is the quoted command line (``"vllm serve ... --speculative-config ..."``),
+    ``runtime`` e.g. ``"sglang@0.5.21"``, ``trained_with`` a dump, a contract file or
+    ``"specforge:1,29,57"``. No weights are loaded, and torch is never imported.
+    Returns the :class:`~consistency.lint.report.LintReport`.
+    """
+    from consistency.errors import UsageError
+    from consistency.lint.engine import LintRequest, run_lint
+
+    if fail_on not in ("error", "warning"):
+        raise UsageError(f"fail_on must be 'error' or 'warning', got {fail_on!r}")
+    return run_lint(LintRequest(draft=_path(draft), target=_path(target), serve=serve, runtime=runtime,
+                                trained_with=_path(trained_with), select=_codes(select), ignore=_codes(ignore),
+                                fail_on=fail_on))
+
+
+def replay(reference: Any, candidate: Any, draft: PathLike, target: Any = None, *, steps: int | None = None,
+           max_drop: float = 5.0, min_acceptance: float | None = None, feed: str = "auto", labels: str = "auto",
+           overrides: Mapping[str, bool] | None = None) -> ReplayReport:
+    """Run the EAGLE-3 draft on both sides' aux states and predict acceptance (``consistency replay``).
+
+    ``draft`` is a draft directory or a built-in fixture name; ``target`` a built-in tiny
+    name, a local HF directory or an already loaded HF model. Sides are paths or mappings
+    of tensors (written to a temporary dump, since the replay reads its sides from files).
+    Needs torch. Returns the :class:`~consistency.replay.report.ReplayReport`.
+    """
+    from consistency.errors import UsageError
+    from consistency.replay.api import replay_check
+
+    if max_drop < 0:
+        raise UsageError("max_drop must be >= 0")
+    with _on_disk(reference, "reference") as ref, _on_disk(candidate, "candidate") as cand:
+        return replay_check(_path(draft), ref, cand, target=_path(target) if isinstance(target, (str, os.PathLike))
+                            else target, steps=steps, max_drop_points=max_drop, min_acceptance=min_acceptance,
+                            feed=feed, labels=labels, overrides=dict(overrides) if overrides else None)
+
+
+@contextmanager
+def _on_disk(side: Any, role: str) -> Iterator[str]:
+    """A path for ``side``: itself, or an in-memory side written to a temporary dump."""
+    from consistency.dump.memory import MemoryDump, as_side
+
+    opened = as_side(side, role)
+    if isinstance(opened, str):
+        yield opened
+        return
+    if not isinstance(opened, MemoryDump):
+        yield str(opened.path)
+        return
+    from consistency.dump.writer import write_dump
+
+    with tempfile.TemporaryDirectory(prefix="consistency-") as tmp:
+        tensors = {n: (v.read_all(), v.dtype) for n, v in opened.tensors.items()}
+        yield str(write_dump(Path(tmp) / f"{role}.safetensors", tensors, opened.metadata))
+
+
+def record(model: Any, input_ids: Any = None, output: PathLike | None = None, *, prompt: str | None = None,
+           style: str = "training", aux_layers: str | Sequence[int] | None = None, convention: str = "stream",
+           capture: str = "guarded", components: bool | None = None, logits: bool = False, dtype: str = "float32",
+           seed: int = 0, force: bool = False) -> Path:
+    """Record a dump from a model the training way or the serving way (``consistency record``).
+
+    ``model`` is a loaded HF causal LM, a built-in tiny model name or a local HF
+    directory; give ``input_ids`` (a sequence, array or tensor) or ``prompt``.
+    ``style="training"`` records every stream, the deltas, the final norm and, with
+    ``aux_layers``, the aux slots; ``style="serving"`` records the aux slots as a
+    fused-residual runtime builds them (``capture``: ``guarded``, ``add`` or the
+    ``clone`` bug). ``aux_layers`` are spelled as ``convention`` spells them (``"sglang"``,
+    ``"vllm"``, ...). ``output`` defaults to a new temporary file. Needs torch; returns
+    the path written.
+    """
+    from consistency.diagnose.pipeline import parse_ids
+    from consistency.errors import UsageError
+    from consistency.record.api import record_reference, record_serving, resolve_streams
+    from consistency.record.models import load_model, tokenize
+
+    if style not in ("training", "serving"):
+        raise UsageError(f"style must be 'training' or 'serving', got {style!r}")
+    if capture not in ("guarded", "add", "clone"):
+        raise UsageError(f"capture must be 'guarded', 'add' or 'clone', got {capture!r}")
+    if (prompt is None) == (input_ids is None):
+        raise UsageError("give exactly one of input_ids and prompt")
+    spec = os.fspath(model) if isinstance(model, (str, os.PathLike)) else None
+    if spec is not None:
+        model = load_model(spec, dtype=dtype, seed=seed)
+    if prompt is not None:
+        input_ids = tokenize(model, spec or "", prompt)
+    if output is None:
+        output = Path(tempfile.mkdtemp(prefix="consistency-")) / f"{style}.safetensors"
+    native = parse_ids(aux_layers)
+    wanted = aux_layers is not None and aux_layers != ""  # "default": the runtime default ids
+    streams = resolve_streams(model, native, convention)[0] if (wanted or style == "serving") else None
+    if style == "training":
+        return record_reference(model, input_ids, output, streams, native_ids=native, convention=convention,
+                                components=True if components is None else components, logits=logits, force=force)
+    assert streams is not None
+    return record_serving(model, input_ids, output, streams, capture_mode=capture, native_ids=native,
+                          convention=convention, runtime=convention, components=bool(components), force=force)
+
+
+def __getattr__(name: str) -> Any:
+    """``consistency.api.MemoryDump``: build a side with metadata (lazy, numpy-bound)."""
+    if name == "MemoryDump":
+        from consistency.dump.memory import MemoryDump
+
+        return MemoryDump
+    raise AttributeError(f"module 'consistency.api' has no attribute {name!r}")

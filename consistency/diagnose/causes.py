@@ -1,0 +1,168 @@
+"""Causes that are not a property of one tensor's values against one reference tensor.
+
+* **Root cause first**: one divergence propagates (a missing embedding all-reduce makes
+  every later stream differ). The first divergent stream in forward order is the cause;
+  later streams that differ without an explanation of their own are its consequences, so
+  the headline names one fix.
+* **A few bad tokens**: EAGLE accepts token by token, so one wrong position (BOS, position
+  0) is a defect even when the mean over 1,200 tokens is within the floor.
+* **Zeros are not a norm**: an all-zero slot or a zeroed feature column fits "a norm with
+  a weight" perfectly (the weight is zero); it is reported as what it is.
+* **Thin references**: training files that hold only the aux slots cannot rule out an
+  off-by-one layer; say so instead of calling it drift.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from consistency.compare.engine import Comparison, Result, Status
+from consistency.contract.findings import Finding, Severity
+from consistency.diagnose import hypotheses
+from consistency.diagnose.evidence import Evidence
+from consistency.dump import names
+
+CONSEQUENCE_CODES = ("UNKNOWN", "NUMERIC_DRIFT", "MISMATCH", "BAD_TOKENS")
+SHOW_TOKENS = 8
+
+
+def _fmt_rows(rows: list[int]) -> str:
+    more = f", ... ({len(rows)} in all)" if len(rows) > SHOW_TOKENS else ""
+    return "[" + ", ".join(str(i) for i in rows[:SHOW_TOKENS]) + more + "]"
+
+
+def bad_tokens(ev: Evidence, r: Result, label: str, base: dict, metrics: dict) -> Finding:
+    """The tensor agrees except at a few positions: name them (first few and a count)."""
+    shard = hypotheses.partial_shard(ev, r)
+    if shard is not None and _is_shard(ev, r, shard.detail):
+        return Finding.make("PARTIAL_SHARD", f"{label} {shard.message}", identified_as=shard.identified_as,
+                            metrics=metrics, evidence={"before": shard.before, "after": shard.after, **shard.detail},
+                            **base)
+    m = r.metrics
+    assert m is not None and m.per_row is not None and r.floor is not None
+    rows = r.bad_tokens
+    seq = r.cand.shape[-2] if len(r.cand.shape) >= 2 else r.cand.rows
+    positions = sorted({i % seq for i in rows}) if seq else rows
+    zero = _zero_among(r, rows)
+    worst = max(float(m.per_row[i]) for i in rows)
+    what = f"{len(rows)} of {m.per_row.size} token rows differ far beyond the floor (worst token rel_diff " \
+           f"{worst:.3g}, > {r.floor * 10:.2g}) while the rest agree: rows {_fmt_rows(rows)}"
+    if positions != rows:
+        what += f" (sequence positions {_fmt_rows(positions)})"
+    if zero:
+        what += f"; {len(zero)} of them are all zeros"
+    if 0 in positions:
+        what += "; position 0 is among them (BOS handling, the first token's embedding)"
+    return Finding.make("BAD_TOKENS", f"{label}: {what}", identified_as=r.holds, metrics=metrics,
+                        evidence={"token_rows": rows[:256], "count": len(rows), "positions": positions[:256],
+                                  "zero_rows": zero[:256]}, **base)
+
+
+def _is_shard(ev: Evidence, r: Result, detail: dict) -> bool:
+    """Zero rows are a missing all-reduce only with evidence: rank files or metadata, or
+    exactly the tokens outside one vocab shard's id range."""
+    meta = ev.cmp.cand.metadata
+    if detail.get("ranks") or (meta is not None and (meta.world_size or 1) > 1):
+        return True
+    return detail.get("zero_rows_inside_range") == 0 and "shard_token_range" in detail
+
+
+def _zero_among(r: Result, rows: list[int]) -> list[int]:
+    if not rows or len(rows) > 4096:
+        return []
+    vals = r.cand.take_rows(np.asarray(rows[:4096]), np.float64)
+    return [rows[i] for i in np.flatnonzero(~(vals != 0).any(axis=1))]
+
+
+def zeroed(ev: Evidence, r: Result, label: str, base: dict, metrics: dict) -> Finding | None:
+    """All zeros, or feature columns that are zero on every sampled token."""
+    c, e = ev.cand(r), ev.expected(r)
+    if c is None or e is None or not np.any(e):
+        return None
+    if not np.any(c):
+        return Finding.make("ZERO_VALUES", f"{label} is all zeros on every sampled token; the reference is not "
+                            f"(an unfilled capture buffer, or a capture that never ran)", metrics=metrics,
+                            evidence={"columns": "all"}, **base)
+    zc = np.flatnonzero(~(c != 0).any(axis=0) & (e != 0).any(axis=0))
+    if len(zc) == 0:
+        return None
+    cols = [int(i) for i in zc]
+    return Finding.make("ZERO_VALUES", f"{label}: {len(cols)} of {c.shape[1]} feature columns are zero on every "
+                        f"sampled token where the reference is not: columns {_fmt_rows(cols)} (a missing gather of "
+                        f"a column shard, or a partly written buffer)", metrics=metrics,
+                        evidence={"columns": cols[:256], "count": len(cols)}, **base)
+
+
+def thin_note(ev: Evidence, r: Result) -> str:
+    """Why an unexplained difference may still be an off-by-one layer."""
+    s = r.expected_stream if r.expected_stream is not None else ev.cmp.stream_of(r.expected)
+    if s is None:
+        return ""
+    have = sorted({x for x in (ev.cmp.stream_of(n) for n in ev.ref_names(r)) if x is not None})
+    if (s - 1 in have or s == 0) and s + 1 in have:
+        return ""
+    return (f" The reference records streams {have or 'none'} only: an adjacent layer (off by one) cannot be "
+            f"ruled out; record every stream on the reference side to tell.")
+
+
+def group_consequences(cmp: Comparison, findings: list[Finding]) -> list[Finding]:
+    """Later unexplained differences become consequences of the first divergent stream.
+
+    Only recorded streams and block outputs (by-name pairs) take part: each aux slot is
+    what the draft reads, so its finding stays its own."""
+    by_name = {r.name: r for r in cmp.results if r.slot is None and r.concat_of is None}  # streams, not slots
+    failing = [(s, f) for f in findings if f.severity == Severity.error and f.tensor in by_name
+               and (s := _stream_of_result(cmp, by_name[f.tensor])) is not None
+               and by_name[f.tensor].status not in (Status.unpaired, Status.unverified)]
+    if len(failing) < 2:
+        return findings
+    root_s, root = min(failing, key=lambda x: (x[0], x[1].code in CONSEQUENCE_CODES))
+    out: list[Finding] = []
+    later: list[str] = []
+    for f in findings:
+        s = _stream_of_result(cmp, by_name[f.tensor]) if f.tensor in by_name else None
+        if f is not root and s is not None and s > root_s and f.severity == Severity.error \
+                and f.code in CONSEQUENCE_CODES:
+            later.append(f.tensor or "?")
+            out.append(Finding.make("PROPAGATED", f"{f.tensor}: differs as a consequence of the first divergence at "
+                                    f"{root.tensor} ({root.code}); was: {f.message}", tensor=f.tensor,
+                                    expected=f.expected, metrics=f.metrics,
+                                    evidence={"root": root.tensor, "root_code": root.code, "was": f.code}))
+        else:
+            out.append(f)
+    if later:
+        root.message += f" -- the first divergence in forward order; {len(later)} later tensor" \
+                        f"{'s' if len(later) != 1 else ''} differ as a consequence ({', '.join(later[:6])}" \
+                        f"{', ...' if len(later) > 6 else ''})"
+        root.evidence = dict(root.evidence, consequences=later)
+        out.remove(root)
+        out.insert(0, root)
+    return out
+
+
+def _stream_of_result(cmp: Comparison, r: Result) -> int | None:
+    if r.expected_stream is not None:
+        return r.expected_stream
+    s = cmp.stream_of(r.expected)
+    if s is not None:
+        return s
+    k = names.parse(r.name)
+    if k.kind in (names.MLP_OUT, names.ATTN_OUT) and k.index is not None:
+        return k.index + 1  # layer k's block output feeds stream k+1
+    return None
+
+
+def slot_positions(cmp: Comparison, slots: list[Result]) -> tuple[list[int | None], list[int | None]]:
+    """Slot indices for the story of a thin reference: which reference slot each candidate
+    slot was meant to equal, and which one it does equal (None: none of them)."""
+    ref_slots = [v.name for v in cmp.plan.ref.slots]
+    expected: list[int | None] = []
+    actual: list[int | None] = []
+    for r in slots:
+        n = names.parse(r.expected) if r.expected else None
+        expected.append(n.index if n is not None and n.kind == names.AUX and r.expected in ref_slots else None)
+        held = r.holds
+        group = r.ident.group if r.ident and held and r.ident.best and r.ident.best.name == held else [held]
+        hit = next((ref_slots.index(g) for g in group if g in ref_slots), None)
+        actual.append(hit)
+    return expected, actual

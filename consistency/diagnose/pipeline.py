@@ -1,0 +1,113 @@
+"""The compare pipeline as a library function: open both sides, compare, diagnose, report.
+
+The CLI, the gate, the demo, the Python API and the pytest helper all call :func:`run`,
+so every entry point reaches the same verdict on the same inputs (no command imports
+another command).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from consistency.errors import UsageError
+
+if TYPE_CHECKING:
+    from consistency.contract.findings import CompareReport
+
+
+def parse_ids(text: str | Sequence[int] | None) -> list[int] | None:
+    """'2,30,58', '[2, 30, 58]' or a list -> [2, 30, 58]; 'default' or '' -> None (runtime default)."""
+    if text is None:
+        return None
+    if not isinstance(text, str):
+        return [int(x) for x in text]
+    if text.strip().lower() in ("", "default", "none"):
+        return None
+    try:
+        return [int(x) for x in text.strip().strip("[]").replace(" ", "").split(",") if x != ""]
+    except ValueError:
+        raise UsageError(f"cannot parse layer ids {text!r}: expected comma-separated integers") from None
+
+
+def load_contract(path: str | None) -> Any:
+    if path is None:
+        return None
+    from consistency.contract.io import read_contract
+
+    return read_contract(path)
+
+
+def run(reference: Any, candidate: Any, contract: str | None = None, rtol: float | None = None,
+        atol: float | None = None, threshold: float | None = None, tolerance: Sequence[str] = (),
+        progress: Callable[..., Any] | None = None, layer_ids: str | Sequence[int] | None = None,
+        convention: str | None = None, ref_layer_ids: str | Sequence[int] | None = None,
+        cand_layer_ids: str | Sequence[int] | None = None) -> CompareReport:
+    """Compare REFERENCE (what the draft was trained on) with CANDIDATE (what it is fed).
+
+    ``layer_ids`` describe each side that does not record its own ids; ``ref_layer_ids`` /
+    ``cand_layer_ids`` describe one side and win over what it records. ``progress`` is a
+    factory ``(label, total) -> tick`` (the CLI passes a rich progress bar); diagnosis sits
+    below the report layer, so it never builds one itself."""
+    from consistency.compare.engine import compare
+    from consistency.compare.tolerance import ToleranceModel, parse_rules
+    from consistency.diagnose.engine import explain
+    from consistency.diagnose.report import build
+    from consistency.dump.sets import open_side
+
+    _check_number("--rtol", rtol)
+    _check_number("--atol", atol)
+    _check_number("--threshold", threshold)
+    try:
+        rules = parse_rules(list(tolerance))
+    except (ValueError, Exception) as exc:  # re.error is an Exception
+        raise UsageError(f"--tolerance: {exc}") from None
+    for r in rules:
+        _check_number(f"--tolerance {r.pattern}", r.floor)
+    tol = ToleranceModel(rules=rules, floor_override=threshold, rtol=rtol, atol=atol)
+    con = load_contract(contract)
+    ids = parse_ids(layer_ids)
+    ref_ids, cand_ids = parse_ids(ref_layer_ids), parse_ids(cand_layer_ids)
+    notes: list[str] = []
+    with open_side(reference, ref_ids if ref_ids is not None else ids, convention) as ref, \
+            open_side(candidate, cand_ids if cand_ids is not None else ids, convention) as cand:
+        notes += apply_ids(ref, ids, ref_ids, convention, "--ref-layer-ids")
+        notes += apply_ids(cand, ids, cand_ids, convention, "--cand-layer-ids")
+        cmp = compare(ref, cand, con, tol, progress=progress if callable(progress) else None)
+        cmp.plan.notes[:0] = notes
+        findings, summary = explain(cmp)
+        return build(cmp, findings, summary)
+
+
+def _check_number(flag: str, v: float | None) -> None:
+    if v is not None and (not math.isfinite(v) or v < 0):
+        raise UsageError(f"{flag} must be a finite number >= 0, got {v!r}")
+
+
+def apply_ids(d: Any, common: list[int] | None, own: list[int] | None, convention: str | None, flag: str) -> list[str]:
+    """Give a dump of ours the stream claims ``--layer-ids`` describe (foreign readers
+    already took them). Common ids fill a side that records none; per-file ids win."""
+    from consistency.dump.formats.base import ForeignDump, resolve_claims
+
+    ids = own if own is not None else common
+    if ids is None or isinstance(d, ForeignDump):
+        return []
+    meta = d.metadata
+    recorded = meta.aux.stream_ids if meta is not None and meta.aux is not None else None
+    n_layers = meta.model.num_layers if meta is not None and meta.model is not None else None
+    claims = resolve_claims(d.path, ids, convention, "stream", sorted_slots=False, num_layers=n_layers)
+    streams = claims.streams
+    if recorded and own is None:
+        if list(recorded) != list(streams or []):
+            return [f"{d.path.name} records streams {list(recorded)}; --layer-ids {ids} not applied to it "
+                    f"(use {flag} to override)"]
+        return []
+    from consistency.contract.models import AuxInfo, DumpMetadata
+
+    meta = meta.model_copy(deep=True) if meta is not None else DumpMetadata()
+    meta.aux = (meta.aux or AuxInfo()).model_copy(update={"stream_ids": streams, "native_ids": ids,
+                                                          "convention": claims.convention})
+    d.metadata = meta
+    what = f"{d.path.name}: streams {streams} from {flag if own is not None else '--layer-ids'} {ids}"
+    return [what + (f" (it recorded {list(recorded)})" if recorded else "")] + list(claims.notes)

@@ -1,0 +1,306 @@
+"""Join the captures of one name into one token axis, request by request.
+
+A serving runtime runs a prompt as several forward passes (chunked prefill, then one
+decode step per token, several requests per batch), and the recorder writes one capture
+per pass: ``aux.0``, ``aux.0#2``, ``aux.0#3``, ... beside ``input_ids``/``input_ids#k``,
+``positions``/``positions#k`` and, where the runtime has them, ``request_ids#k``. Capture
+``#k`` of every name belongs to forward pass k. Stitching concatenates the passes and
+orders their rows into per-request segments:
+
+* with ``request_ids``: rows group by request; inside a request, positions must rise;
+* with ``positions`` only: a row continues the open segment that expects its position
+  (its last position + 1); a run starting at 0 is a new request; the first pass may start
+  anywhere (a prefix-cache hit computes only the suffix);
+* with neither: capture order, one segment.
+
+A ``[B, T]`` ``input_ids`` of a single capture (an HF batch) is B segments of T rows.
+Without request ids, two requests whose positions happen to be consecutive inside one
+pass (a decode at 6 right after another's at 5) read as one run; the ids guard against
+that: a mis-stitched token no longer matches the reference's ids and is reported as
+extra or missing by the alignment, never compared against the wrong row.
+
+The rules are strict because a wrong stitch would compare the wrong tokens silently:
+captures counts that differ between names, rows that differ from the ids of the same
+pass, ids without states, and positions that go backwards or overlap inside a request
+are one-line :class:`InputError` s naming the file and the tensor.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from consistency.dump import names
+from consistency.dump.reader import Dump, TensorView
+from consistency.dump.rows import ConcatView, RowView, ViewDump, array_view
+from consistency.errors import InputError
+
+POSITIONS = "positions"
+REQUEST_IDS = "request_ids"
+LAYOUT_NAMES = (POSITIONS, REQUEST_IDS)  # consumed here, never compared
+MAX_ID_ROWS = 1 << 24  # ids/positions are read whole (8 bytes each); past this they are not token ids
+_KEY = re.compile(r"^(?P<base>.+)#(?P<k>[0-9]{1,9})$")
+
+
+def split_key(key: str) -> tuple[str, int]:
+    """``'aux.0#3'`` -> ``('aux.0', 3)``; ``'aux.0'`` -> ``('aux.0', 1)``."""
+    m = _KEY.match(key)
+    return (m.group("base"), int(m.group("k"))) if m else (key, 1)
+
+
+@dataclass
+class Segment:
+    """One request's tokens on the stitched axis, in position order."""
+
+    request: str
+    rows: list[int] = field(default_factory=list)  # rows of the concatenated captures
+    positions: list[int] = field(default_factory=list)
+
+    @property
+    def start(self) -> int | None:
+        return self.positions[0] if self.positions else None
+
+    def expects(self) -> int | None:
+        return self.positions[-1] + 1 if self.positions else None
+
+
+@dataclass
+class Layout:
+    """How a dump's captures became one token axis."""
+
+    captures: int
+    source: str  # 'request_ids', 'positions', 'batch rows', 'capture order'
+    segments: list[Segment]
+    per_pass: list[int]  # token rows of each forward pass
+    ids: np.ndarray | None  # stitched ids, segment after segment
+    positions: np.ndarray | None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def tokens(self) -> int:
+        return sum(len(s.rows) for s in self.segments)
+
+    def bounds(self) -> list[tuple[int, int]]:
+        """[start, stop) of each segment on the stitched axis."""
+        out, at = [], 0
+        for s in self.segments:
+            out.append((at, at + len(s.rows)))
+            at += len(s.rows)
+        return out
+
+
+def _groups(d: Dump) -> dict[str, list[tuple[int, TensorView]]]:
+    groups: dict[str, list[tuple[int, TensorView]]] = {}
+    for key, v in d.tensors.items():
+        base, k = split_key(key)
+        groups.setdefault(base, []).append((k, v))
+    for base, caps in groups.items():
+        caps.sort(key=lambda c: c[0])
+        ks = [k for k, _v in caps]
+        if ks != list(range(1, len(ks) + 1)):
+            missing = sorted(set(range(1, max(ks) + 1)) - set(ks))
+            raise InputError(d.path, f"tensor {base!r} has captures {_show(ks)}: capture "
+                             f"{base}#{missing[0] if missing else ks[0]} is missing (mismatched #k sequence)")
+    return groups
+
+
+def _show(ks: list[int]) -> str:
+    return "[" + ", ".join(str(k) for k in ks[:8]) + (", ..." if len(ks) > 8 else "") + "]"
+
+
+def _ints(d: Dump, v: TensorView) -> np.ndarray:
+    if v.is_float:
+        raise InputError(d.path, f"tensor {v.name!r} must hold integers, it is {v.dtype}")
+    if v.numel > MAX_ID_ROWS:
+        raise InputError(d.path, f"tensor {v.name!r} has {v.numel} values, too many for token ids")
+    return v.read_all().reshape(-1).astype(np.int64)
+
+
+def needs_stitching(d: Dump) -> bool:
+    """True when the dump holds ``#k`` captures or layout tensors (positions, request ids)."""
+    return any(_KEY.match(k) for k in d.tensors) or any(n in d.tensors for n in LAYOUT_NAMES)
+
+
+def layout(d: Dump) -> Layout:
+    """Segments of the dump's captures (see the module docstring); no tensor data is read
+    except the ids, positions and request ids."""
+    groups = _groups(d)
+    ids_caps = groups.get(names.INPUT_IDS)
+    k = max(len(c) for c in groups.values())
+    per_pass: list[int] | None = None
+    ids_parts: list[np.ndarray] | None = None
+    batch_rows: int | None = None
+    if ids_caps is not None:
+        if len(ids_caps) != k:
+            other = next(b for b, c in groups.items() if len(c) == k)
+            raise InputError(d.path, f"tensor {names.INPUT_IDS!r} has {len(ids_caps)} captures but {other!r} has {k}: "
+                             f"ids without states (or states without ids) in some forward pass")
+        ids_parts = [_ints(d, v) for _k, v in ids_caps]
+        per_pass = [len(p) for p in ids_parts]
+        if k == 1 and len(ids_caps[0][1].shape) == 2 and ids_caps[0][1].shape[0] > 1:
+            batch_rows = ids_caps[0][1].shape[1]
+    pos_parts = _layout_parts(d, groups, POSITIONS, k, per_pass)
+    if per_pass is None and pos_parts is not None:
+        per_pass = [len(p) for p in pos_parts]
+    req_parts = _layout_parts(d, groups, REQUEST_IDS, k, per_pass)
+    if per_pass is None:
+        per_pass = _rows_per_pass(d, groups, k)
+    total = sum(per_pass)
+    offsets = np.concatenate(([0], np.cumsum(per_pass))).astype(np.int64)
+    notes: list[str] = []
+    if req_parts is not None:
+        segs = _by_request(d, np.concatenate(req_parts), _positions_or_order(pos_parts, total), offsets)
+        source = REQUEST_IDS
+    elif pos_parts is not None:
+        segs = _by_positions(d, pos_parts, offsets, notes)
+        source = POSITIONS
+    elif batch_rows:
+        segs = [Segment(f"row {b}", list(range(b * batch_rows, (b + 1) * batch_rows)), list(range(batch_rows)))
+                for b in range(total // batch_rows)]
+        source = "batch rows"
+    else:
+        segs = [Segment("all", list(range(total)), list(range(total)))]
+        source = "capture order"
+    order = np.asarray([r for s in segs for r in s.rows], dtype=np.int64)
+    ids = np.concatenate(ids_parts)[order] if ids_parts is not None else None
+    pos = np.asarray([p for s in segs for p in s.positions], dtype=np.int64)
+    return Layout(k, source, segs, per_pass, ids, pos if (pos_parts is not None or batch_rows) else None, notes)
+
+
+def _layout_parts(d: Dump, groups: dict, name: str, k: int, per_pass: list[int] | None) -> list[np.ndarray] | None:
+    caps = groups.get(name)
+    if caps is None:
+        return None
+    if len(caps) != k:
+        raise InputError(d.path, f"tensor {name!r} has {len(caps)} captures but the states have {k} (mismatched #k sequence)")
+    parts = [_ints(d, v) for _k, v in caps]
+    if per_pass is not None:
+        for i, (p, n) in enumerate(zip(parts, per_pass, strict=True)):
+            if len(p) != n:
+                key = name if i == 0 else f"{name}#{i + 1}"
+                raise InputError(d.path, f"tensor {key!r} has {len(p)} values but its forward pass has {n} token ids")
+    return parts
+
+
+def _rows_per_pass(d: Dump, groups: dict, k: int) -> list[int]:
+    """Without ids or positions: the rows of the first multi-capture float tensor."""
+    for base, caps in sorted(groups.items()):
+        if len(caps) == k and caps[0][1].is_float:
+            return [v.rows for _k, v in caps]
+    return [next(iter(groups.values()))[0][1].rows]
+
+
+def _positions_or_order(pos_parts: list[np.ndarray] | None, total: int) -> np.ndarray:
+    return np.concatenate(pos_parts) if pos_parts is not None else np.arange(total, dtype=np.int64)
+
+
+def _where(offsets: np.ndarray, row: int, name: str) -> str:
+    p = int(np.searchsorted(offsets, row, side="right")) - 1
+    return name if p == 0 else f"{name}#{p + 1}"
+
+
+def _by_request(d: Dump, req: np.ndarray, pos: np.ndarray, offsets: np.ndarray) -> list[Segment]:
+    segs: dict[int, Segment] = {}
+    for row, (r, p) in enumerate(zip(req.tolist(), pos.tolist(), strict=True)):
+        s = segs.get(r)
+        if s is None:
+            s = segs[r] = Segment(f"request {r}")
+        elif p <= s.positions[-1]:
+            raise InputError(d.path, f"tensor {_where(offsets, row, POSITIONS)!r}: request {r} goes from position "
+                             f"{s.positions[-1]} to {p} (positions go backwards or overlap)")
+        s.rows.append(row)
+        s.positions.append(p)
+    return list(segs.values())
+
+
+def _by_positions(d: Dump, parts: list[np.ndarray], offsets: np.ndarray, notes: list[str]) -> list[Segment]:
+    """Runs of consecutive positions, each continuing the open segment that expects it."""
+    segs: list[Segment] = []
+    for k, pos in enumerate(parts):
+        key = POSITIONS if k == 0 else f"{POSITIONS}#{k + 1}"
+        used: set[int] = set()
+        i = 0
+        while i < len(pos):
+            j = i + 1
+            while j < len(pos) and pos[j] == pos[j - 1] + 1:
+                j += 1
+            start = int(pos[i])
+            rows = list(range(int(offsets[k]) + i, int(offsets[k]) + j))
+            seg = next((s for n, s in enumerate(segs) if n not in used and s.expects() == start), None)
+            if seg is None and start != 0 and segs and k > 0:
+                prev = [s for n, s in enumerate(segs) if n not in used and (s.expects() or 0) <= start]
+                if not prev:
+                    last = max(segs, key=lambda s: s.positions[-1])
+                    raise InputError(d.path, f"tensor {key!r} starts a run at position {start} but a request already "
+                                     f"reached position {last.positions[-1]} (positions go backwards or overlap)")
+                seg = max(prev, key=lambda s: s.positions[-1])
+                notes.append(f"{key}: positions {seg.positions[-1] + 1}..{start - 1} were not captured (a gap)")
+            if seg is None:
+                seg = Segment(f"request {len(segs)}")
+                segs.append(seg)
+            used.add(segs.index(seg))
+            seg.rows += rows
+            seg.positions += pos[i:j].tolist()
+            i = j
+    return segs
+
+
+def stitch(d: Dump) -> tuple[Dump, Layout]:
+    """``d`` with every name's captures joined into one tensor on the stitched token axis.
+
+    Returns the dump unchanged (and a one-segment layout) when it holds single captures
+    and no layout tensors. Layout tensors (positions, request ids) are consumed, not kept.
+    """
+    lay = layout(d)
+    if not needs_stitching(d) and lay.source == "capture order":
+        return d, lay
+    groups = _groups(d)
+    order = np.asarray([r for s in lay.segments for r in s.rows], dtype=np.int64)
+    tensors: dict[str, TensorView] = {}
+    joins: dict[str, tuple[list[str], np.ndarray]] = {}  # stitched name -> (capture keys, row order)
+    for base, caps in groups.items():
+        if base in LAYOUT_NAMES:
+            continue
+        if base == names.INPUT_IDS and lay.ids is not None:
+            tensors[base] = array_view(base, lay.ids, d.path, caps[0][1].dtype if not caps[0][1].is_float else "int64")
+            continue
+        views = [v for _k, v in caps]
+        if len(views) == 1 and lay.captures > 1 and not (views[0].is_float and views[0].rows == lay.per_pass[0]):
+            tensors[base] = views[0]  # not on the token axis (a constant, a summary): kept as it is
+            continue
+        if len(views) != lay.captures:
+            raise InputError(d.path, f"tensor {base!r} has {len(views)} capture(s) but input_ids has {lay.captures} "
+                             f"(mismatched #k sequence)")
+        if lay.captures == 1 and views[0].rows != len(order):
+            tensors[base] = views[0]
+            continue
+        widths = {v.cols for v in views}
+        if len(widths) > 1:
+            raise InputError(d.path, f"tensor {base!r}: its captures have different widths {sorted(widths)}")
+        for v, n in zip(views, lay.per_pass, strict=True):
+            if v.rows != n:
+                raise InputError(d.path, f"tensor {v.name!r} has {v.rows} rows but its forward pass has {n} token ids "
+                                 f"(ids without states, or states without ids)")
+        joins[base] = ([base if k == 1 else f"{base}#{k}" for k, _v in caps], order)
+        joined = views[0] if len(views) == 1 else ConcatView.of(views, base)
+        tensors[base] = RowView.of(joined, order, base) if not _identity(order) else _renamed(joined, base)
+    meta = (d.metadata.model_copy(deep=True) if d.metadata else None)
+    if meta is not None:
+        meta.tensors = {k: v for k, v in meta.tensors.items() if k in tensors}
+        meta.extra["stitched"] = {"captures": lay.captures, "source": lay.source, "segments": len(lay.segments),
+                                  "tokens": lay.tokens}
+    out = ViewDump(d, tensors, meta, fmt=f"{d.format} ({lay.captures} captures stitched)")
+    out.joins = joins  # rank_views of a tensor-parallel set follow the same stitch
+    return out, lay
+
+
+def _identity(order: np.ndarray) -> bool:
+    return bool(len(order) == 0 or (order[0] == 0 and np.all(np.diff(order) == 1)))
+
+
+def _renamed(v: TensorView, name: str) -> TensorView:
+    if v.name == name:
+        return v
+    return RowView.of(v, np.arange(v.rows), name)

@@ -1,0 +1,160 @@
+"""The GitHub Action (action.yml) through its script, scripts/action.py, run directly (no `act`):
+what it installs, the gate it runs on this repository's fixtures, fail-on, and its outputs."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import ROOT
+
+SCRIPT = ROOT / "scripts" / "action.py"
+CONFIGS = ROOT / ".github" / "consistency"
+FIX = ROOT / "fixtures" / "configs"
+
+
+def action(*args: str | Path, tmp: Path) -> tuple[int, dict[str, str], str]:
+    out = tmp / "github_output"
+    out.write_text("")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GITHUB_", "CONSISTENCY_"))}
+    env.update(GITHUB_OUTPUT=str(out), RUNNER_TEMP=str(tmp))
+    r = subprocess.run([sys.executable, str(SCRIPT), *map(str, args)], capture_output=True, text=True, env=env,
+                       cwd=tmp, timeout=600)
+    outputs = dict(line.split("=", 1) for line in out.read_text().splitlines() if "=" in line)
+    return r.returncode, outputs, r.stdout + r.stderr
+
+
+def test_install_without_torch_unless_replay_is_declared(tmp_path: Path) -> None:
+    plain = tmp_path / "plain.toml"
+    plain.write_text((CONFIGS / "pass.toml").read_text())
+    rc, out, log = action("install", "--dry-run", "--config", plain, "--source", ROOT, tmp=tmp_path)
+    assert rc == 0 and out["replay"] == "false"
+    assert log.strip().splitlines() == [f"+ -m pip install -q {ROOT}"]
+    replay = tmp_path / "replay.toml"
+    replay.write_text(plain.read_text() + '\n[[replay]]\nname = "acceptance"\ndraft = "d"\n')
+    rc, out, log = action("install", "--dry-run", "--config", replay, "--version", "v0.1.0", tmp=tmp_path)
+    assert rc == 0 and out["replay"] == "true"
+    assert log.strip().splitlines() == ["+ -m pip install -q torch --index-url https://download.pytorch.org/whl/cpu",
+                                        "+ -m pip install -q consistency[hf]==0.1.0"]
+    url = "git+https://example.invalid/consistency@main"
+    rc, _out, log = action("install", "--dry-run", "--config", plain, "--version", url, tmp=tmp_path)
+    assert log.strip() == f"+ -m pip install -q {url}"
+
+
+def test_gate_on_the_repository_fixtures_writes_reports_and_outputs(tmp_path: Path) -> None:
+    rc, out, log = action("gate", "--config", CONFIGS / "pass.toml", "--sarif", "out/c.sarif", "--junit",
+                          "out/junit.xml", "--annotations", "true", tmp=tmp_path)
+    assert rc == 0, log
+    assert out["verdict"] == "pass" and out["exit-code"] == "0" and Path(out["json"]).is_file()
+    cases = ET.parse(tmp_path / "out" / "junit.xml").getroot().iter("testcase")
+    assert sum(1 for _ in cases) > 0
+    assert '"version": "2.1.0"' in (tmp_path / "out" / "c.sarif").read_text()
+
+
+def test_fail_on(tmp_path: Path) -> None:
+    seed = CONFIGS / "fail.toml"
+    rc, out, log = action("gate", "--config", seed, tmp=tmp_path)
+    assert (rc, out["verdict"], out["exit-code"]) == (1, "fail", "1"), log
+    rc, out, log = action("gate", "--config", seed, "--fail-on", "never", tmp=tmp_path)
+    assert (rc, out["verdict"], out["exit-code"]) == (0, "fail", "0"), log
+    # the seed draft on vllm 0.33.0 without training ids: no error, one warning (by the lint rules)
+    warn = tmp_path / "warn.toml"
+    warn.write_text(f'[[lint]]\nname = "w"\ndraft = "{FIX / "drafts/sglang/kimi-k2.5-eagle3-seed.json"}"\n'
+                    f'target = "{FIX / "targets/kimi-k2.5.json"}"\nruntime = "vllm@0.33.0"\n')
+    rc, out, log = action("gate", "--config", warn, tmp=tmp_path)
+    assert (rc, out["verdict"]) == (0, "pass"), log
+    rc, out, log = action("gate", "--config", warn, "--fail-on", "warning", tmp=tmp_path)
+    assert (rc, out["verdict"], out["exit-code"]) == (1, "pass", "1"), log
+    rc, _out, log = action("gate", "--config", warn, "--fail-on", "sometimes", tmp=tmp_path)
+    assert rc == 2 and "fail-on" in log
+
+
+def test_unreadable_config_fails_even_report_only(tmp_path: Path) -> None:
+    rc, out, log = action("gate", "--config", tmp_path / "missing.toml", "--fail-on", "never", tmp=tmp_path)
+    assert rc == 2 and out["verdict"] == "error" and out["exit-code"] == "2", log
+
+
+def test_action_yml_passes_inputs_as_environment_only() -> None:
+    """Every input is used, and none is pasted into a shell script (script injection)."""
+    spec = yaml.safe_load((ROOT / "action.yml").read_text())
+    assert spec["runs"]["using"] == "composite"
+    steps = spec["runs"]["steps"]
+    runs = [s["run"] for s in steps if "run" in s]
+    assert runs and not any("${{" in r for r in runs)
+    used = set(re.findall(r"inputs\.([\w-]+)", (ROOT / "action.yml").read_text()))
+    assert used == set(spec["inputs"]), set(spec["inputs"]) ^ used
+    gate = next(s for s in steps if s.get("id") == "gate")
+    flags = set(re.findall(r"--([\w-]+)", gate["run"]))
+    assert flags >= {"config", "fail-on", "annotations", "sarif", "junit", "json"}
+    uses = {s["uses"].split("@")[0] for s in steps if "uses" in s}
+    assert uses == {"actions/setup-python", "github/codeql-action/upload-sarif", "actions/upload-artifact"}
+
+
+@pytest.mark.parametrize("name", ["pass", "fail"])
+def test_workflow_configs_exist_and_are_used(name: str) -> None:
+    wf = (ROOT / ".github" / "workflows" / "action.yml").read_text()
+    assert f".github/consistency/{name}.toml" in wf
+    assert yaml.safe_load(wf)["jobs"]["action"]["steps"][1]["uses"] == "./"
+
+
+def _hooks() -> dict[str, dict]:
+    return {h["id"]: h for h in yaml.safe_load((ROOT / ".pre-commit-hooks.yaml").read_text())}
+
+
+def _entry(hook: dict, *args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """The hook's entry as pre-commit runs it (``language: python``: the package's console script)."""
+    import shlex
+
+    argv = shlex.split(hook["entry"])
+    assert argv[0] == "consistency"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GITHUB_", "CONSISTENCY_"))}
+    return subprocess.run([sys.executable, "-m", "consistency", *argv[1:], *args], capture_output=True, text=True,
+                          cwd=cwd, env=env, timeout=300)
+
+
+def _project(tmp: Path, draft: str, runtime: str) -> Path:
+    (tmp / "drafts" / "kimi").mkdir(parents=True)
+    (tmp / "drafts" / "kimi" / "config.json").write_text((FIX / "drafts" / "sglang" / draft).read_text())
+    (tmp / "kimi.json").write_text((FIX / "targets" / "kimi-k2.5.json").read_text())
+    (tmp / "consistency.toml").write_text(
+        '[[lint]]\nname = "kimi"\ndraft = "drafts/kimi/config.json"\n'
+        f'target = "kimi.json"\nruntime = "{runtime}"\ntrained_with = "stream:0,3,31"\n'
+        '[[compare]]\nname = "not run by the hook"\n'
+        'reference = "missing.safetensors"\ncandidate = "missing.safetensors"\n')
+    return tmp
+
+
+def test_precommit_hook_files_pattern() -> None:
+    pat = re.compile(_hooks()["consistency-lint"]["files"])
+    for f in ("consistency.toml", "ci/consistency.toml", "drafts/kimi/config.json", "config.json",
+              "drafts/kimi/model.safetensors", "drafts/kimi/model.safetensors.index.json"):
+        assert pat.search(f), f
+    for f in ("README.md", "consistency.toml.bak", "src/train.py", "my_config.json.orig"):
+        assert not pat.search(f), f
+
+
+def test_precommit_hook_entry_on_real_files(tmp_path: Path) -> None:
+    hook = _hooks()["consistency-lint"]
+    assert hook["language"] == "python" and hook["pass_filenames"] is False
+    good = _entry(hook, cwd=_project(tmp_path / "good", "kimi-k2.5-eagle3-fixed.json", "sglang@0.5.23"))
+    assert good.returncode == 0, good.stdout + good.stderr  # only the lint ran: the missing dumps are not read
+    assert "compare/" not in good.stdout and "::" not in good.stdout  # no workflow annotations in a terminal
+    bad = _entry(hook, cwd=_project(tmp_path / "bad", "kimi-k2.5-eagle3-seed.json", "sglang@0.5.12"))
+    assert bad.returncode == 1 and "[3, 31, 59]" in bad.stdout, bad.stdout + bad.stderr
+    elsewhere = _entry(hook, "--config", str(tmp_path / "bad" / "consistency.toml"), cwd=tmp_path)
+    assert elsewhere.returncode == 1  # args: [--config, PATH] for a config off the root
+
+
+def test_precommit_single_draft_hook(tmp_path: Path) -> None:
+    hook = _hooks()["consistency-lint-draft"]
+    p = _project(tmp_path, "kimi-k2.5-eagle3-seed.json", "sglang@0.5.12")
+    r = _entry(hook, "--draft", "drafts/kimi/config.json", "--target", "kimi.json", "--runtime", "sglang@0.5.12",
+               "--trained-with", "stream:0,3,31", cwd=p)
+    assert r.returncode == 1 and len(r.stdout.strip().splitlines()) == 1, r.stdout  # -q: the verdict line only
