@@ -13,16 +13,11 @@ from types import ModuleType
 class ConsistencyError(Exception):
     """Base class: anything the user can fix; the CLI maps it to exit code 2.
 
-    Messages quote file names and values from files, so ``str()`` renders them inert for a
-    terminal or CI log (no escape sequences, no line that GitHub reads as a command).
+    Messages quote file names and values from files; whoever prints one renders it inert
+    for its output (``consistency.report.escape``; the CLI's error line uses ``term``).
     """
 
     exit_code = 2
-
-    def __str__(self) -> str:
-        from consistency.report.escape import term
-
-        return term(super().__str__(), multiline=True)
 
 
 class InputError(ConsistencyError):
@@ -38,9 +33,7 @@ class InputError(ConsistencyError):
         super().__init__(self.one_line())
 
     def one_line(self) -> str:
-        from consistency.report.escape import term
-
-        return term(f"{self.path}: {self.problem}" if self.path else self.problem)
+        return f"{self.path}: {self.problem}" if self.path else self.problem
 
 
 class UsageError(ConsistencyError):

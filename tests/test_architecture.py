@@ -18,11 +18,11 @@ ALLOWED: dict[str, set[str]] = {
             "interop"},
     "gate": {"compare", "contract", "diagnose", "dump", "errors", "lint", "replay", "report"},
     "diagnose": {"compare", "contract", "dump", "errors"},
-    "replay": {"compare", "contract", "dump", "errors", "record"},
+    "replay": {"compare", "contract", "dump", "errors", "record", "report"},  # report.escape in replay/text
     "interop": {"contract", "dump", "errors", "record"},
     "compare": {"contract", "dump", "errors"},
-    "lint": {"contract", "dump", "errors"},
-    "record": {"contract", "dump", "errors"},
+    "lint": {"contract", "dump", "errors", "report"},  # report.escape in lint/render
+    "record": {"contract", "dump", "errors", "report"},  # report.escape for the recorder's stderr line
     "report": {"contract", "dump", "errors"},
     "dump": {"contract", "errors"},
     "contract": {"errors"},

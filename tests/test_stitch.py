@@ -358,9 +358,8 @@ def test_drop_in_capture_and_async_recorder_write_positions_once_per_pass(tmp_pa
         assert [p for seg in lay.segments for p in seg.positions] == [10, 12, 13]
 
 
-@pytest.mark.xfail(strict=False, reason="awaiting lead wiring of prepare() into compare.pipeline.run")
 def test_pipeline_passes_a_chunked_capture_and_fails_a_template_difference(tmp_path):
-    from consistency.compare.pipeline import run
+    from consistency.diagnose.pipeline import run
 
     m = tiny("tiny-llama")
     ids = prompt_ids(m, 40, seed=13)
@@ -443,3 +442,15 @@ def test_stitched_rank_set_keeps_each_ranks_views(tmp_path):
         sub = restrict(s, [1, 2, 5], 6)
         assert sub["aux.0"].read_all()[:, 0].tolist() == [12, 12, 14]
         assert [v.read_all()[:, 0].tolist() for v in sub.rank_views("aux.0")] == [[1, 1, 2], [11, 11, 12]]
+
+
+@pytest.mark.parametrize("keys, words", [(["aux.0", "aux.0#999999999"], "capture aux.0#2 is missing"),
+                                         (["aux.0", "aux.0#1"], "aux.0#1 is numbered twice")])
+def test_hostile_capture_numbers_are_one_line(tmp_path, keys, words):
+    from consistency.dump.writer import write_dump
+
+    x = np.zeros((3, 4), np.float32)
+    path = write_dump(tmp_path / "h.safetensors", {k: (x, "float32") for k in keys}, None)
+    with open_dump(path) as d, pytest.raises(InputError) as exc:
+        stitch(d)
+    assert str(exc.value).startswith(str(path)) and words in str(exc.value) and "'aux.0'" in str(exc.value)

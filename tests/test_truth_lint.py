@@ -18,7 +18,7 @@ from consistency.errors import InputError, UsageError
 from consistency.lint.engine import LintRequest, run_lint
 from consistency.lint.rules.parallel import pp_partition
 from consistency.lint.serve import parse_serve
-from test_lint_support import FIX, Scenario, codes, eagle3_tensors, llama_target, speculators_config, status, \
+from test_lint_support import FIX, Scenario, eagle3_tensors, llama_target, speculators_config, status, \
     write_checkpoint
 from tests.conftest import cli
 

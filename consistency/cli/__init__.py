@@ -79,7 +79,9 @@ def run(argv: list[str] | None = None) -> None:
         e.show()
         sys.exit(2)
     except ConsistencyError as e:
-        click.echo(f"consistency: error: {e}", err=True)
+        from consistency.report.escape import term  # file names and values: one inert line
+
+        click.echo(f"consistency: error: {term(e)}", err=True)
         sys.exit(e.exit_code)
     except KeyboardInterrupt:
         click.echo("consistency: interrupted", err=True)
@@ -92,11 +94,13 @@ def run(argv: list[str] | None = None) -> None:
         words = [a for a in (argv if argv is not None else sys.argv[1:]) if not a.startswith("-")]
         dep = missing_dependency(e, words[0] if words else None) if isinstance(e, ImportError) else None
         if dep is not None:  # an optional dependency missing on this command's path: the pip line
-            click.echo(f"consistency: error: {dep}", err=True)
+            click.echo(f"consistency: error: {dep}", err=True)  # our text only
             sys.exit(dep.exit_code)
         args = " ".join(a for a in (argv if argv is not None else sys.argv[1:]) if not a.startswith("-"))
         msg = " ".join(f"{type(e).__name__}: {e}".split())
-        click.echo(f"consistency: error: {args}: {msg} (set CONSISTENCY_DEBUG=1 for a traceback)", err=True)
+        from consistency.report.escape import term
+
+        click.echo(f"consistency: error: {term(args)}: {term(msg)} (set CONSISTENCY_DEBUG=1 for a traceback)", err=True)
         sys.exit(2)
 
 

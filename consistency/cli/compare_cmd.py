@@ -6,6 +6,7 @@ import sys
 import click
 
 from consistency.errors import UsageError
+from consistency.report.escape import term
 
 
 def run_compare(*args, **kwargs):  # noqa: ANN002, ANN003, ANN201 - kept for callers of the old location
@@ -32,6 +33,7 @@ def run_compare(*args, **kwargs):  # noqa: ANN002, ANN003, ANN201 - kept for cal
 @click.option("--ref-layer-ids", help="Aux layer ids of REFERENCE only (wins over what the file records).")
 @click.option("--cand-layer-ids", help="Aux layer ids of CANDIDATE only (wins over what the file records).")
 @click.option("--convention", help="What --layer-ids mean: stream, vllm, speculators, specforge, sglang@VER, ...")
+@click.option("--tokenizer", help="Local tokenizer (directory or .gguf) to decode token spans only one side has.")
 @click.option("--html", "html_out", type=click.Path(dir_okay=False), help="Write a self-contained HTML report.")
 @click.option("--png", "png_dir", type=click.Path(file_okay=False), help="Write the heatmap and per-token plots as PNG here.")
 @click.option("--quiet", "-q", is_flag=True, help="Print only the verdict line.")
@@ -39,8 +41,8 @@ def run_compare(*args, **kwargs):  # noqa: ANN002, ANN003, ANN201 - kept for cal
 @click.option("--force", is_flag=True, help="Overwrite existing report files.")
 def compare(reference: str, candidate: str, contract: str | None, json_out: str | None, rtol: float | None,
             atol: float | None, threshold: float | None, tolerance: tuple[str, ...], layer_ids: str | None,
-            ref_layer_ids: str | None, cand_layer_ids: str | None, convention: str | None, html_out: str | None, png_dir: str | None, quiet: bool, show_ok: bool,
-            force: bool) -> None:
+            ref_layer_ids: str | None, cand_layer_ids: str | None, convention: str | None, tokenizer: str | None,
+            html_out: str | None, png_dir: str | None, quiet: bool, show_ok: bool, force: bool) -> None:
     """Compare REFERENCE (what the draft was trained on) with CANDIDATE (what it is fed).
 
     Exit code 0 when every tensor agrees within its noise floor, 1 when something
@@ -59,7 +61,7 @@ def compare(reference: str, candidate: str, contract: str | None, json_out: str 
         require_png()
     rep = run_compare(reference, candidate, contract, rtol, atol, threshold, tolerance,
                       progress=not quiet and sys.stderr.isatty(), layer_ids=layer_ids, convention=convention,
-                      ref_layer_ids=ref_layer_ids, cand_layer_ids=cand_layer_ids)
+                      ref_layer_ids=ref_layer_ids, cand_layer_ids=cand_layer_ids, tokenizer=tokenizer)
     text = rep.model_dump_json(indent=2)
     if json_out == "-":
         sys.stdout.write(text + "\n")
@@ -69,7 +71,7 @@ def compare(reference: str, candidate: str, contract: str | None, json_out: str 
         write_visual(rep, html_out, png_dir, force)
     if quiet or json_out == "-":  # one line; no rich import on the CI path
         word = click.style(rep.verdict.upper(), fg="green" if rep.verdict == "pass" else "red", bold=True)
-        click.echo(f"{word}  {rep.summary}", err=json_out == "-")
+        click.echo(f"{word}  {term(rep.summary)}", err=json_out == "-")
     else:
         from consistency.report.text import console, render
 
@@ -89,7 +91,7 @@ def write_visual(rep, html_out: str | None, png_dir: str | None, force: bool) ->
 
     if html_out:
         visual.write_html(rep, Path(html_out), force=force)
-        _click.echo(f"report written to {html_out}", err=True)
+        _click.echo(f"report written to {term(html_out)}", err=True)
     if png_dir:
         visual.write_pngs(rep, Path(png_dir), force=force)
-        _click.echo(f"plots written to {png_dir}", err=True)
+        _click.echo(f"plots written to {term(png_dir)}", err=True)

@@ -337,6 +337,7 @@ def _judge(cmp: Comparison) -> None:
             float(np.delete(per_row, bad).mean()) <= r.floor
         if d <= r.floor and ident_ok and not strict_bad and not len(bad):
             r.status = Status.ok
+            r.tolerated = _user_floor(r) and d > noise  # passes only because the user allowed it
         elif rest_ok and not strict_bad:
             r.status = Status.bad_tokens
         elif d <= r.floor and not ident_ok and not strict_bad and _user_floor(r):

@@ -35,6 +35,9 @@ from consistency.dump import names
 from consistency.dump.reader import Dump
 from consistency.dump.rows import restrict
 from consistency.dump.stitch import Layout, stitch
+from consistency.errors import InputError
+
+MAX_REQUEST_PAIRS = 65_536  # every candidate request is tried against every reference request
 
 
 def _side(label: str, lay: Layout) -> Side | None:
@@ -63,6 +66,9 @@ def prepare(ref: Dump, cand: Dump, tokenizer: Any = None, *,
     cand_v, cand_lay = stitch(cand)
     rlabel, clabel = _label(ref, "reference"), _label(cand, "candidate")
     rs, cs = _side("reference", ref_lay), _side("candidate", cand_lay)
+    if rs is not None and cs is not None and len(rs.bounds) * len(cs.bounds) > MAX_REQUEST_PAIRS:
+        raise InputError(cand.path, f"{len(cs.bounds)} candidate requests against {len(rs.bounds)} reference requests: "
+                         f"more than {MAX_REQUEST_PAIRS} pairs to align; record fewer requests per dump")
     if rs is None or cs is None:
         al = _without_ids(ref_lay, cand_lay)
     else:
@@ -187,7 +193,7 @@ def _missing(sp: Span, rlabel: str, clabel: str) -> Finding:
                "prefix-cache hit recorded without positions (record positions to tell)")
         sev = None
     else:
-        msg = f"{clabel} lacks {n} of the {rlabel} side's in the middle {_describe(sp)}"
+        msg = f"{clabel} lacks {sp.length} of the {rlabel} side's tokens in the middle {_describe(sp)}"
         sev = None
     return Finding.make("TOKENS_MISSING", msg, sev, tensor=names.INPUT_IDS,
                         metrics={"start": sp.start, "stop": sp.stop, "where": sp.where, "tokens": sp.length})

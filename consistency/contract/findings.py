@@ -286,6 +286,8 @@ class CompareReport(ReportHeader):
     not_compared: int = Field(0, description="Reference tensors of kinds the candidate never records")
     similarity: SimilarityMatrix | None = None
     per_token: dict[str, list[float]] = Field(default_factory=dict, description="Token rel_diff per row, mismatched tensors")
+    alignment: dict[str, Any] | None = Field(None, description="How the two sides' tokens were stitched and aligned: "
+                                             "tokens compared, spans only one side has, context differences")
     seconds: float | None = None
 
 

@@ -158,10 +158,12 @@ def _finding(ev: Evidence, r: Result) -> tuple[list[Finding], int | None]:
         held = r.holds
         stream = r.expected_stream if r.expected_stream is not None else cmp.stream_of(r.expected)
         if r.tolerated:
-            stream = cmp.stream_of(r.identified)
-            out.append(Finding.make("TOLERATED", f"{label} passes {r.floor_why} but holds "
-                                    f"{ev.stream_name(r.identified or '?')}, not {ev.stream_name(r.expected or '')}",
-                                    identified_as=r.identified, metrics=metrics, **base))
+            stream = cmp.stream_of(held) if held else None
+            what = f"holds {ev.stream_name(held)}" if held else "matches no recorded tensor within its noise floor"
+            d = r.metrics.token_rel_diff if r.metrics else 0.0
+            out.append(Finding.make("TOLERATED", f"{label} passes {r.floor_why} (token rel_diff {d:.3g}, beyond its "
+                                    f"noise floor) but {what}; expected {ev.stream_name(r.expected or '')}",
+                                    identified_as=held, metrics=metrics, **base))
             return out, stream
         out.append(Finding.make("OK", f"{label} matches {r.expected} (token rel_diff "
                                 f"{r.metrics.token_rel_diff:.2e} <= {r.floor:.1e}, {r.floor_why})" if r.metrics else

@@ -43,14 +43,18 @@ def run(reference: Any, candidate: Any, contract: str | None = None, rtol: float
         atol: float | None = None, threshold: float | None = None, tolerance: Sequence[str] = (),
         progress: Callable[..., Any] | None = None, layer_ids: str | Sequence[int] | None = None,
         convention: str | None = None, ref_layer_ids: str | Sequence[int] | None = None,
-        cand_layer_ids: str | Sequence[int] | None = None) -> CompareReport:
+        cand_layer_ids: str | Sequence[int] | None = None, tokenizer: Any = None) -> CompareReport:
     """Compare REFERENCE (what the draft was trained on) with CANDIDATE (what it is fed).
 
     ``layer_ids`` describe each side that does not record its own ids; ``ref_layer_ids`` /
-    ``cand_layer_ids`` describe one side and win over what it records. ``progress`` is a
+    ``cand_layer_ids`` describe one side and win over what it records. Several captures of a
+    name (chunked prefill, decode steps) are stitched and the two sides' tokens aligned by
+    ``input_ids`` first; ``tokenizer`` (an object or a local path) only decodes unaligned spans. ``progress`` is a
     factory ``(label, total) -> tick`` (the CLI passes a rich progress bar); diagnosis sits
     below the report layer, so it never builds one itself."""
     from consistency.compare.engine import compare
+    from consistency.compare.prepare import prepare, reconcile
+    from consistency.contract.findings import Severity
     from consistency.compare.tolerance import ToleranceModel, parse_rules
     from consistency.diagnose.engine import explain
     from consistency.diagnose.report import build
@@ -74,10 +78,19 @@ def run(reference: Any, candidate: Any, contract: str | None = None, rtol: float
             open_side(candidate, cand_ids if cand_ids is not None else ids, convention) as cand:
         notes += apply_ids(ref, ids, ref_ids, convention, "--ref-layer-ids")
         notes += apply_ids(cand, ids, cand_ids, convention, "--cand-layer-ids")
+        # stitch multi-capture names, align tokens by input_ids, compare only aligned rows
+        ref, cand, alignment = prepare(ref, cand, tokenizer, same_context_only=True)
         cmp = compare(ref, cand, con, tol, progress=progress if callable(progress) else None)
-        cmp.plan.notes[:0] = notes
+        cmp.plan.notes[:0] = notes + list(alignment.notes)
         findings, summary = explain(cmp)
-        return build(cmp, findings, summary)
+        findings = reconcile(findings, alignment)
+        token_errors = [f for f in alignment.findings if f.severity == Severity.error]
+        if token_errors:  # the token story comes first: it changes what every state means
+            demoted = alignment.context_differs and not alignment.only_same_context
+            summary = f"{token_errors[0].code}: {token_errors[0].message}" + ("" if demoted else f" -- {summary}")
+        rep = build(cmp, findings, summary)
+        rep.alignment = alignment.summary()
+        return rep
 
 
 def _check_number(flag: str, v: float | None) -> None:

@@ -100,9 +100,9 @@ def _groups(d: Dump) -> dict[str, list[tuple[int, TensorView]]]:
         caps.sort(key=lambda c: c[0])
         ks = [k for k, _v in caps]
         if ks != list(range(1, len(ks) + 1)):
-            missing = sorted(set(range(1, max(ks) + 1)) - set(ks))
-            raise InputError(d.path, f"tensor {base!r} has captures {_show(ks)}: capture "
-                             f"{base}#{missing[0] if missing else ks[0]} is missing (mismatched #k sequence)")
+            i = next(i for i, k in enumerate(ks) if k != i + 1)  # never materialise range(max k): k is untrusted
+            what = f"capture {base}#{ks[i]} is numbered twice" if ks[i] == i else f"capture {base}#{i + 1} is missing"
+            raise InputError(d.path, f"tensor {base!r} has captures {_show(ks)}: {what} (mismatched #k sequence)")
     return groups
 
 

@@ -39,6 +39,8 @@ def render(rep: CompareReport, con: Console, quiet: bool = False, show_ok: bool 
     con.print(verdict_line(rep))
     for a in rep.assumptions:
         con.print(Text(f"note: {term(a)}", style="dim"))
+    if rep.alignment and rep.alignment.get("method") not in (None, "identical"):
+        con.print(Text(f"tokens: {term(alignment_line(rep.alignment))}", style="dim"))
     if rep.slots:
         t = Table(title="aux slots", title_justify="left", show_edge=False, pad_edge=False)
         for col in ("slot", "tensor", "expected", "holds", "token rel_diff", "confidence", "code"):
@@ -109,3 +111,17 @@ def _message(f: Finding) -> Text:
     if f.severity != Severity.info and f.fix:
         t.append(f"\n  fix: {term(f.fix)}", style="cyan")
     return t
+
+
+def alignment_line(al: dict) -> str:
+    """How the tokens were lined up: what was compared, what only one side has."""
+    out = (f"{al.get('compared', 0)} compared of {al.get('reference_tokens', '?')} reference / "
+           f"{al.get('candidate_tokens', '?')} candidate tokens ({al.get('method')})")
+    if al.get("context_differs"):
+        out += f"; {al.get('same_context', 0)} with the same context on both sides"
+    for key, what in (("extra", "candidate only"), ("missing", "reference only")):
+        spans = al.get(key) or []
+        if spans:
+            out += f"; {what}: " + ", ".join(f"[{s.get('start')}, {s.get('stop')})" for s in spans[:4]) + \
+                   (" ..." if len(spans) > 4 else "")
+    return out

@@ -89,11 +89,13 @@ def header_length(path: Path) -> int:
 
 
 def write_side(path: Path, tensors: dict[str, np.ndarray], dtype: str, container: str, meta: SideMeta,
-               magic: str = "") -> Path:
+               magic: str = "", fortran: bool = False) -> Path:
     """Write ``tensors`` (float32 logical values; integer arrays kept) as ``container``."""
     if container == "upcast":
         path = path.with_suffix(".npz")
         arrays = {k: (v if v.dtype.kind in "iub" else round_to(v, dtype)) for k, v in tensors.items()}
+        if fortran:  # what np.savez writes for a transposed view: fortran_order True in the .npy header
+            arrays = {k: np.asfortranarray(v) for k, v in arrays.items()}
         np.savez(path, **arrays)
         return path
     from consistency.contract.models import AuxInfo, DumpMetadata, ModelInfo

@@ -19,16 +19,21 @@ import numpy as np
 from tests.scenarios.build import Streams
 from tests.scenarios.expect import ANY, NORM_CODES, Expect, SlotExpect
 
+# the slot-list stories: one construction is an instance of exactly one of them
+STORIES = frozenset({"SLOT_SHIFT", "LAYER_OFFSET", "ORDER_MISMATCH", "LAYER_MISMATCH"})
+
 Label = tuple[Any, ...]
 
-SLOT_FAULTS = ("benign", "header_magic", "layer_mismatch", "slot_shift", "layer_offset", "order", "residual_missing",
+SLOT_FAULTS = ("benign", "ref_claim_wrong", "header_magic", "layout", "slot_count", "hf_states", "layer_mismatch", "slot_shift", "layer_offset", "order", "residual_missing",
                "norm_final", "norm_input", "scale", "token_scale", "token_shift", "tokens", "zero_slot",
                "zero_column", "nonfinite", "shape", "drift")
 STRUCTURE_FAULTS = ("nothing", "concat", "streams_only", "missing_stream", "propagate", "spec_cand", "swapped",
                     "loose_tolerance")
 TOKEN_VARIANTS = ("zero2", "garbage_first", "swap2", "garbage20", "perturb2")
 VARIANTS: dict[str, tuple[str, ...]] = {
-    "tokens": TOKEN_VARIANTS, "shape": ("width", "rows"), "nothing": ("weights", "disjoint", "empty"),
+    "tokens": TOKEN_VARIANTS, "layout": ("batch", "fortran"), "slot_shift": ("honest", "claims_trained"),
+    "layer_offset": ("plus", "minus"), "layer_mismatch": ("other", "dup"),
+    "slot_count": ("fewer", "more"), "shape": ("width", "rows"), "nothing": ("weights", "disjoint", "empty"),
     "concat": ("agree", "slots_wrong", "concat_wrong"),
     "streams_only": ("claims", "layer_ids", "delta_slot", "agree"), "missing_stream": ("meta", "layer_ids"),
     "spec_cand": ("agree", "slot_shift"),
@@ -82,6 +87,7 @@ class Built:
     ref_order: list[str] | None = None  # speculators: slot order of hidden_states
     cand_order: list[str] | None = None
     swapped: bool = False  # the serving dump is passed as the reference
+    layout: str = ""  # "batch": candidate tensors get a leading batch dim; "fortran": Fortran order
     magic: str = ""  # write that side's safetensors header so its first byte is this format's magic
     notes: list[str] = field(default_factory=list)
 
@@ -137,6 +143,13 @@ def build(st: Streams, sc: Scenario) -> Built:
         for name, lab in list(b.cand_labels.items()):
             if lab and lab[0] in ("stream", "mlp", "final_norm", "rms", "shifted"):
                 b.cand[name] = _noise(b.cand[name], sc.cand_dtype, rng)
+    if b.layout == "batch":
+        b.cand = {k: (v[None] if v.dtype.kind == "f" else v) for k, v in b.cand.items()}
+    if "aux" in b.cand_labels and b.cand_labels["aux"][0] == "concat":  # one capture: the same values as aux.{i}
+        by_label = {lab: b.cand[n] for n, lab in b.cand_labels.items() if n.startswith("aux.")}
+        src = st.bf16 if sc.forward == "bfloat16" and st.bf16 else st
+        b.cand["aux"] = np.concatenate([by_label.get(("stream", s), src.hidden[s][:t])
+                                        for s in b.cand_labels["aux"][1]], axis=-1)
     if sc.ref_container == "speculators":
         b.ref_order = [n for n in b.ref if n.startswith("aux.")] + [f"hidden.{st.n}"]
         b.layer_ids = train + [st.n] if sc.ids_with_last else list(train)
@@ -212,7 +225,8 @@ def _slots_built(st: Streams, sc: Scenario, train: list[int], t: int, rng: np.ra
                  ref_train: list[int] | None = None) -> Built:
     ref, rl = reference(st, sc, ref_train or train, t)
     cand, cl = _cand(st, cand_labels, t, rng)
-    exp.slots = [slot_expect(i, lab, rl, sc, not_ok=exp.verdict == "fail" and lab != ("stream", (ref_train or train)[i]),
+    rt = ref_train or train
+    exp.slots = [slot_expect(i, lab, rl, sc, not_ok=exp.verdict == "fail" and (i >= len(rt) or lab != ("stream", rt[i])),
                              check=check) for i, lab in enumerate(cand_labels)]
     return Built(ref, rl, ref_train or train, cand, cl, claims, exp)
 
@@ -230,13 +244,16 @@ def f_benign(st, sc, train, t, rng):  # noqa: ANN001, ANN201
 def f_layer_mismatch(st, sc, train, t, rng):  # noqa: ANN001, ANN201
     j = int(rng.integers(len(train)))
     others = [s for s in range(st.n + 1) if s not in train]
+    if sc.variant == "dup":  # a real duplicate: another slot's stream fed twice ([3, 3, 7])
+        others = [s for s in train if s != train[j]]
     s2 = int(rng.choice(others))
     ids = list(train)
     ids[j] = s2
-    in_ref = sc.thickness == "full" or (sc.thickness == "aux_last" and s2 == st.n)
+    in_ref = sc.thickness == "full" or (sc.thickness == "aux_last" and s2 == st.n) or s2 in train
     codes = {"LAYER_MISMATCH"} if in_ref else {"LAYER_MISMATCH", "UNKNOWN"}
     return _slots_built(st, sc, train, t, rng, [("stream", s) for s in ids], ids,
-                        Expect("fail", frozenset(codes), forbidden=frozenset({"NUMERIC_DRIFT"}) | NORM_CODES))
+                        Expect("fail", frozenset(codes), forbidden=frozenset({"NUMERIC_DRIFT"}) | NORM_CODES
+                               | (STORIES - {"LAYER_MISMATCH"})))
 
 
 def shifted_ids(st: Streams, train: list[int]) -> list[int]:
@@ -247,15 +264,29 @@ def shifted_ids(st: Streams, train: list[int]) -> list[int]:
 
 def f_slot_shift(st, sc, train, t, rng):  # noqa: ANN001, ANN201
     ids = shifted_ids(st, train)
-    return _slots_built(st, sc, train, t, rng, [("stream", s) for s in ids], ids,
-                        Expect("fail", frozenset({"SLOT_SHIFT"}), forbidden=frozenset({"NUMERIC_DRIFT"})))
+    claims = list(train) if sc.variant == "claims_trained" else ids  # serving may believe it feeds the trained list
+    return _slots_built(st, sc, train, t, rng, [("stream", s) for s in ids], claims,
+                        Expect("fail", frozenset({"SLOT_SHIFT"}),
+                               forbidden=frozenset({"NUMERIC_DRIFT", "LAYER_OFFSET", "ORDER_MISMATCH"})))
 
 
 def f_layer_offset(st, sc, train, t, rng):  # noqa: ANN001, ANN201
-    ids = [s + 1 for s in train]
+    d = -1 if sc.variant == "minus" else 1
+    ids = [s + d for s in train]
     codes = {"LAYER_OFFSET"} if sc.thickness == "full" else {"LAYER_OFFSET", "LAYER_MISMATCH", "UNKNOWN"}
     return _slots_built(st, sc, train, t, rng, [("stream", s) for s in ids], ids,
-                        Expect("fail", frozenset(codes), forbidden=frozenset({"NUMERIC_DRIFT"}) | NORM_CODES))
+                        Expect("fail", frozenset(codes), forbidden=frozenset({"NUMERIC_DRIFT", "SLOT_SHIFT",
+                                                                             "ORDER_MISMATCH"}) | NORM_CODES))
+
+
+def f_ref_claim_wrong(st, sc, train, t, rng):  # noqa: ANN001, ANN201
+    """The training file's metadata claims another stream for slot 0 than its values hold; serving
+    feeds what training really fed. Values decide (docs/format.md): slot 0 holds stream train[0],
+    and the wrong claim is reported."""
+    b = f_benign(st, sc, train, t, rng)
+    b.ref_claims = [train[0] + 1] + list(train[1:])
+    b.expect = Expect("any", slots=b.expect.slots, mentions=r"claim|stream_ids")
+    return b
 
 
 def f_order(st, sc, train, t, rng):  # noqa: ANN001, ANN201
@@ -263,7 +294,7 @@ def f_order(st, sc, train, t, rng):  # noqa: ANN001, ANN201
     p = perms[int(rng.integers(len(perms)))]
     ids = [train[i] for i in p]
     return _slots_built(st, sc, train, t, rng, [("stream", s) for s in ids], ids,
-                        Expect("fail", frozenset({"ORDER_MISMATCH"})))
+                        Expect("fail", frozenset({"ORDER_MISMATCH"}), forbidden=frozenset({"SLOT_SHIFT", "LAYER_OFFSET"})))
 
 
 def f_residual_missing(st, sc, train, t, rng):  # noqa: ANN001, ANN201
@@ -322,126 +353,20 @@ def f_scale(st, sc, train, t, rng):  # noqa: ANN001, ANN201
     return b
 
 
-def f_header_magic(st, sc, train, t, rng):  # noqa: ANN001, ANN201
-    """A benign pair whose safetensors header length starts with 0x80 (pickle's magic byte):
-    1 valid file in 32 from an 8-byte-aligning writer. It must be read, not refused."""
-    b = f_benign(st, sc, train, t, rng)
-    b.magic = "pickle"
-    return b
 
 
-def f_token_scale(st, sc, train, t, rng):  # noqa: ANN001, ANN201
-    """Each token row scaled by its own factor in [0.5, 2]: not a constant factor, and not a norm
-    (row norms are not equalized)."""
-    j = int(rng.integers(len(train)))
-    b = f_benign(st, sc, train, t, rng)
-    f = np.exp(rng.uniform(np.log(0.5), np.log(2.0), size=(t, 1))).astype(np.float32)
-    b.cand[f"aux.{j}"], b.cand_labels[f"aux.{j}"] = b.cand[f"aux.{j}"] * f, ("token_scaled", train[j])
-    b.expect = Expect("fail", forbidden=NORM_CODES | {"SCALE_MISMATCH"},
-                      slots=[SlotExpect(j, frozenset(), ANY, False, True)])
-    return b
 
 
-def f_drift(st, sc, train, t, rng):  # noqa: ANN001, ANN201
-    """The right streams with 3% element noise and a 0.9985 factor, under a user's --threshold
-    1e-5: token rel_diff ~5e-4, past 10x the floor (an error by docs/findings.md), and the
-    factor is no explanation: removing it leaves the error far above the floor (issue 13)."""
-    b = f_benign(st, sc, train, t, rng)
-    j = int(rng.integers(len(train)))
-    x = b.cand[f"aux.{j}"]
-    b.cand[f"aux.{j}"] = (x * 0.9985 * (1 + 0.03 * rng.standard_normal(x.shape))).astype(np.float32)
-    b.cand_labels[f"aux.{j}"] = ("drifted", train[j])
-    b.expect = Expect("fail", forbidden=NORM_CODES | {"SCALE_MISMATCH", "LAYER_MISMATCH", "TOKEN_SHIFT",
-                                                      "RESIDUAL_MISSING"})
-    b.expect.slots = [slot_expect(i, ("stream", s), b.ref_labels, sc) for i, s in enumerate(train)]
-    b.expect.slots[j].strict_names = False
-    return b
 
 
-def f_token_shift(st, sc, train, t, rng):  # noqa: ANN001, ANN201
-    j = int(rng.integers(len(train)))
-    labels: list[Label] = [("stream", s) for s in train]
-    labels[j] = ("shifted", train[j])
-    b = _slots_built(st, sc, train, t, rng, labels, train, Expect("fail", frozenset({"TOKEN_SHIFT"})), check=False)
-    b.expect.slots[j].not_ok = True
-    return b
 
 
-def f_tokens(st, sc, train, t, rng):  # noqa: ANN001, ANN201
-    """A few bad token rows in a slot that is otherwise right: EAGLE accepts token by token."""
-    t = min(st.tokens, (_CAND_SOURCE.get() or st).tokens) - 3
-    b = _slots_built(st, sc, train, t, rng, [("stream", s) for s in train], train, Expect("fail"))
-    side = b.cand if sc.side == "cand" else b.ref
-    j = int(rng.integers(len(train)))
-    x = side[f"aux.{j}"].copy()
-    typical = float(np.median(np.linalg.norm(x, axis=1)))
-    garbage = lambda k: (rng.standard_normal((k, x.shape[1])) * typical / math.sqrt(x.shape[1])).astype(np.float32)  # noqa: E731
-    if sc.variant == "zero2":
-        pos = sorted(int(p) for p in rng.choice(np.arange(1, t), 2, replace=False))
-        x[pos] = 0
-    elif sc.variant == "swap2":
-        pos = sorted(int(p) for p in rng.choice(np.arange(1, t), 2, replace=False))
-        x[pos] = x[pos[::-1]]
-    elif sc.variant == "perturb2":  # two rows 30% off (not zero, not garbage)
-        pos = sorted(int(p) for p in rng.choice(np.arange(1, t), 2, replace=False))
-        x[pos] = x[pos] + 0.3 * garbage(2) * np.linalg.norm(x[pos], axis=1, keepdims=True) / typical
-    elif sc.variant == "garbage20":
-        pos = sorted(int(p) for p in rng.choice(np.arange(t), 20, replace=False))
-        x[pos] = garbage(20)
-    else:  # garbage_first: position 0 (BOS) wrong in every slot
-        pos = [0]
-        for i in range(len(train)):
-            side[f"aux.{i}"] = side[f"aux.{i}"].copy()
-            side[f"aux.{i}"][0] = garbage(1)[0]
-    if sc.variant != "garbage_first":
-        side[f"aux.{j}"] = x
-    b.expect.positions = pos
-    for se in b.expect.slots:  # the slot as a whole is still its stream (a few rows differ)
-        se.holds = se.holds | {f"aux.{se.slot}"}
-    return b
 
 
-def f_zero_slot(st, sc, train, t, rng):  # noqa: ANN001, ANN201
-    j = int(rng.integers(len(train)))
-    b = f_benign(st, sc, train, t, rng)
-    b.cand[f"aux.{j}"], b.cand_labels[f"aux.{j}"] = np.zeros_like(b.cand[f"aux.{j}"]), ("zeros",)
-    b.expect = Expect("fail", forbidden=NORM_CODES | {"SCALE_MISMATCH", "NUMERIC_DRIFT"},
-                      slots=[SlotExpect(j, frozenset(), frozenset({None}), False, True)])
-    return b
 
 
-def f_zero_column(st, sc, train, t, rng):  # noqa: ANN001, ANN201
-    """The feature of largest magnitude zeroed (a dropped massive-activation dim)."""
-    j = int(rng.integers(len(train)))
-    b = f_benign(st, sc, train, t, rng)
-    x = b.cand[f"aux.{j}"].copy()
-    c = int(np.abs(x).mean(0).argmax())
-    x[:, c] = 0
-    b.cand[f"aux.{j}"], b.cand_labels[f"aux.{j}"] = x, ("zero_col", train[j], c)
-    b.expect = Expect("fail", forbidden=NORM_CODES | {"SCALE_MISMATCH"},
-                      slots=[SlotExpect(j, frozenset(), ANY, False, True)])
-    return b
 
 
-def f_nonfinite(st, sc, train, t, rng):  # noqa: ANN001, ANN201
-    j = int(rng.integers(len(train)))
-    b = f_benign(st, sc, train, t, rng)
-    x = b.cand[f"aux.{j}"].copy()
-    p = int(rng.integers(t))
-    x[p, int(rng.integers(x.shape[1]))] = np.nan
-    b.cand[f"aux.{j}"], b.cand_labels[f"aux.{j}"] = x, ("nonfinite", train[j])
-    b.expect = Expect("fail", frozenset({"NONFINITE"}), slots=[SlotExpect(j, frozenset(), ANY, False, True)])
-    return b
-
-
-def f_shape(st, sc, train, t, rng):  # noqa: ANN001, ANN201
-    j = int(rng.integers(len(train)))
-    b = f_benign(st, sc, train, t, rng)
-    x = b.cand[f"aux.{j}"]
-    b.cand[f"aux.{j}"] = x[:, : x.shape[1] // 2] if sc.variant == "width" else x[:-1]
-    b.cand_labels[f"aux.{j}"] = ("shape", train[j])
-    b.expect = Expect("fail", frozenset({"SHAPE_MISMATCH"}), input_error_ok=True)
-    return b
 
 
 USER_FLAGS = {"drift": {"threshold": 1e-5}, "loose_tolerance": {"tolerance": "aux.*=1"}}
@@ -457,7 +382,8 @@ def variant_of(sc: Scenario) -> Scenario:
     return sc
 
 
+from tests.scenarios.damage import DAMAGE  # noqa: E402  (damaged values, layouts, slot counts)
 from tests.scenarios.structure import STRUCTURE  # noqa: E402  (the whole-dump faults)
 
 _FAULTS = {name[2:]: fn for name, fn in list(globals().items()) if name.startswith("f_") and callable(fn)}
-_FAULTS |= STRUCTURE
+_FAULTS |= DAMAGE | STRUCTURE

@@ -18,7 +18,7 @@ from tests.scenarios.faults import Built, Scenario, build, variant_of
 def valid(sc: Scenario) -> bool:
     """Combinations that describe a real pair of files (and that the construction decides)."""
     if sc.ref_container == "speculators" and (sc.thickness != "aux_last" or sc.fault in
-                                             ("norm_final", "nothing", "streams_only", "missing_stream",
+                                             ("norm_final", "hf_states", "nothing", "streams_only", "missing_stream",
                                               "propagate", "spec_cand")):
         return False
     if sc.ref_dtype == C.FP8 and sc.ref_container != "speculators":
@@ -26,7 +26,8 @@ def valid(sc: Scenario) -> bool:
     if sc.fault in ("streams_only", "missing_stream", "propagate", "spec_cand", "swapped",
                     "loose_tolerance") and sc.thickness == "aux_last":
         return False
-    if sc.fault in ("streams_only", "missing_stream", "propagate", "spec_cand") and sc.thickness != "full":
+    if sc.fault in ("streams_only", "missing_stream", "propagate", "spec_cand", "hf_states") \
+            and sc.thickness != "full":
         return False
     if sc.fault == "missing_stream" and sc.variant == "meta" and "upcast" in (sc.ref_container, sc.cand_container):
         return False  # the claim lives in metadata, which an upcast npz has none of
@@ -35,6 +36,12 @@ def valid(sc: Scenario) -> bool:
     if sc.fault == "spec_cand" and sc.ref_container == "upcast":
         return False
     if sc.side == "ref" and sc.fault not in ("norm_final", "norm_input", "scale", "tokens", "header_magic"):
+        return False
+    if sc.fault == "layer_offset" and sc.variant == "minus" and sc.arch != "smollm2":
+        return False  # the tiny list starts at stream 0
+    if sc.fault == "ref_claim_wrong" and (sc.thickness != "full" or sc.ref_container in ("upcast", "speculators")):
+        return False  # only a full reference can show the claim is wrong
+    if sc.fault == "layout" and sc.variant == "fortran" and sc.cand_container != "upcast":
         return False
     if sc.fault == "header_magic" and (sc.ref_container if sc.side == "ref" else sc.cand_container) != "safetensors":
         return False
@@ -58,7 +65,7 @@ def write(b: Built, sc: Scenario, st: Any, d: Path) -> tuple[Path, Path]:
     else:
         cand = C.write_side(d / "cand", b.cand, sc.cand_dtype, sc.cand_container,
                             C.SideMeta("training" if b.swapped else "serving", b.cand_claims, st.n, st.hidden_size),
-                            magic=b.magic if sc.side == "cand" else "")
+                            magic=b.magic if sc.side == "cand" else "", fortran=b.layout == "fortran")
     return ref, cand
 
 

@@ -40,11 +40,12 @@ def f_concat(st, sc, train, t, rng):  # noqa: ANN001, ANN201
     cat_ids = list(train)
     if sc.variant == "slots_wrong":  # per-slot tensors hold the shifted list; the concatenation is right
         ids = F.shifted_ids(st, train)
-        for i, s in enumerate(ids):
-            b.cand[f"aux.{i}"], b.cand_labels[f"aux.{i}"] = st.hidden[s][:t], ("stream", s)
+        shifted, labs = F._cand(st, [("stream", s) for s in ids], t, rng)
+        b.cand.update(shifted)
+        b.cand_labels.update(labs)
     elif sc.variant == "concat_wrong":
         cat_ids = F.shifted_ids(st, train)
-    b.cand["aux"] = np.concatenate([st.hidden[s][:t] for s in cat_ids], axis=-1)
+    b.cand["aux"] = np.zeros((t, 0), np.float32)  # filled by faults.build from the slots' own values
     b.cand_labels["aux"] = ("concat", tuple(cat_ids))
     b.expect = Expect("pass") if sc.variant == "agree" else Expect("fail")
     if sc.variant == "agree":

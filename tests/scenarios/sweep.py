@@ -34,6 +34,14 @@ FAMILY_NOTES = {
                   "the reference slot is hidden.N; /ref-side: the reverse (SpecForge post-norm training slot).",
     "swapped": "the serving dump passed as the reference: its metadata says side=serving (and the training dump "
                "side=training); the report should say the arguments look swapped.",
+    "slot_count": "[more]: serving feeds 4 slots [0, 3, 7, 9] where training has 3 (the draft's fc takes 3H): "
+                  "docs/findings.md#extra says an extra aux slot is an error; with a full reference it PASSES "
+                  "(EXPECTATION_UNKNOWN warning). [fewer]: 2 slots -> MISSING.",
+    "layer_mismatch": "[dup]: one slot holds another trained slot's stream ([7, 3, 7] for [0, 3, 7]); not a shift, "
+                      "not a permutation, not an offset: LAYER_MISMATCH only. [other]: one slot holds a stream "
+                      "outside the list.",
+    "benign": "counts misses: the summary's '(N warnings)' leaves out METADATA_DIFF warnings (issue 13: every "
+              "count includes every finding).",
     "drift": "3% element noise x 0.9985 under --threshold 1e-5: an error (>10x floor), and the 0.9985 factor "
              "is no explanation (removing it leaves the error far above the floor).",
 }
@@ -105,7 +113,7 @@ def main(argv: list[str]) -> int:
     np.seterr(all="ignore")
     scs = [] if a.no_tiny else cases.table()
     if a.pretrained:
-        scs += cases.pretrained_table()
+        scs += cases.pretrained_table(True)
     if a.random:
         from hypothesis import HealthCheck, given, seed, settings
 

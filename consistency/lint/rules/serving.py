@@ -70,7 +70,8 @@ def spec_args(ctx: Context) -> Iterator[Hit]:
 
 @rule("SRV003", "algorithm-mismatch", E, "the serving algorithm/method does not run an EAGLE-3 draft as EAGLE-3",
       "sglang model_runner.py (aux capture only when spec_algorithm.is_eagle3()); vllm config/speculative.py "
-      "(method inferred from the path when omitted: 'eagle3', 'eagle-', else draft_model)",
+      "(method inferred from the path when omitted: 'eagle3', 'eagle-', else draft_model); vllm "
+      "transformers_utils/config.py maybe_override_with_speculators (a speculators dir as the model turns EAGLE-3 on)",
       "SGLang: --speculative-algorithm EAGLE3; vLLM: \"method\": \"eagle3\" in --speculative-config")
 def algorithm(ctx: Context) -> Iterator[Hit]:
     s, d = ctx.need_serve(), ctx.need_draft()
