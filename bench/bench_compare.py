@@ -6,7 +6,9 @@
 
 (a) a plain sequential read of both files (the floor), (b) a naive compare that loads
 everything with torch and computes every slot-by-stream metric, (c) ``consistency compare``
-with identification, as a subprocess (its peak RSS is measured with getrusage). Figures go
+with identification, as a subprocess (its peak RSS is measured with getrusage), and (d) the
+same ``compare()`` in-process split into phases (fingerprints, ranking, gaps, full metrics;
+``inproc_*_s``), which says where the time above the read floor goes. Figures go
 to stdout as a Markdown table and, with --json, to a file; docs/performance.md holds them.
 """
 
@@ -136,6 +138,41 @@ def run_child(args: list[str]) -> tuple[float, float, str]:
     return wall, (hwm[-1] if hwm else usage.ru_maxrss) / 1024, out
 
 
+def phases(ref: Path, cand: Path, repeat: int) -> dict:
+    """In-process ``compare()`` split into its phases (best of ``repeat``, hot cache): building
+    the fingerprints, ranking (identification), neighbour gaps and the full metrics."""
+    from consistency.compare import engine, identify, stream
+    from consistency.dump.reader import open_dump
+
+    spent: dict[str, float] = {}
+
+    def timed(owner: object, name: str, label: str) -> None:
+        fn = getattr(owner, name)
+
+        def wrapper(*a, **k):  # noqa: ANN002, ANN003, ANN202
+            t = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                spent[label] = spent.get(label, 0.0) + time.perf_counter() - t
+        setattr(owner, name, wrapper)
+
+    timed(identify.Fingerprints, "__init__", "fingerprints")
+    timed(identify, "rank", "rank")
+    timed(identify, "neighbour_gap", "gap")
+    timed(stream, "measure", "metrics")
+    best: dict[str, float] | None = None
+    with open_dump(ref) as r, open_dump(cand) as c:
+        for _ in range(repeat):
+            spent.clear()
+            t = time.perf_counter()
+            engine.compare(r, c)
+            spent["compare"] = time.perf_counter() - t
+            if best is None or spent["compare"] < best["compare"]:
+                best = dict(spent)
+    return {f"inproc_{k}_s": round(v, 3) for k, v in (best or {}).items()}
+
+
 def measure(out: Path, layers: int, tokens: int, hidden: int, naive: bool, repeat: int) -> dict:
     slots = [3, 31, 59] if layers >= 60 else [min(3, layers), layers // 2, layers - 2]
     ref, cand = build(out, layers, tokens, hidden, slots)
@@ -166,6 +203,7 @@ def measure(out: Path, layers: int, tokens: int, hidden: int, naive: bool, repea
     row.update(compare_help_s=round(chelp_t, 3))
     torch_t = min(run_child([sys.executable, "-c", "import torch"])[0] for _ in range(3))
     row.update(help_s=round(help_t, 3), import_torch_s=round(torch_t, 3))
+    row.update(phases(ref, cand, repeat))
     if naive:
         evict(files)
         b, b_rss, _ = run_child([sys.executable, "-c", NAIVE, str(ref), str(cand)])

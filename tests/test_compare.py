@@ -132,8 +132,11 @@ def test_token_ids_that_differ_are_a_mismatch_with_position(tmp_path):
     arrs["input_ids"] = (ids, "int64")
     write_dump(tmp_path / "ids.npz", arrs)
     rep = run_compare(ref, str(tmp_path / "ids.npz"))
-    f = next(f for f in rep.findings if f.tensor == "input_ids")
-    assert f.code == "MISMATCH" and f.metrics["mismatched"] == 3 and f.metrics["first_mismatch_at"] == [0]
+    # the token aligner names the spans that differ (issue 14), and the verdict fails
+    assert rep.verdict == "fail"
+    spans = {(s["start"], s["stop"]) for s in rep.alignment["extra"]}
+    assert spans == {(0, 1), (5, 7)} and {(s["start"], s["stop"]) for s in rep.alignment["missing"]} == spans
+    assert {"TOKENS_EXTRA", "TOKENS_MISSING"} <= {f.code for f in rep.findings if f.tensor == "input_ids"}
 
 
 def test_every_finding_code_is_documented():

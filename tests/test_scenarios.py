@@ -34,18 +34,27 @@ from tests.scenarios.run import run, write
 
 HARD = ("false_pass", "false_fail", "crash")
 
-# regex over "FAMILY ARGS" (e.g. "norm_final/aux arch=smollm2 fault=norm_final ...") -> why.
-# Wrong-cause misses only (cause/identity/tokens/counts); see docs/tolerance.md "Scenario proof".
-KNOWN: dict[str, str] = {}
+# family -> (why, the CI-table cases of that family the engine still gets wrong: their args).
+# Wrong-cause misses only (cause/identity/tokens/counts), never a false PASS or a crash; see
+# docs/tolerance.md "Scenario proof". Regenerate with `python -m tests.scenarios.sweep --ci --emit-known`.
+# KNOWN-BEGIN
+KNOWN: dict[str, tuple[str, tuple[str, ...]]] = {
+    'tokens[garbage20]/full/ref-side': (
+        'identity: slot 2: identified_stream None, construction allows [7] (identified_as aux.2)',
+        ('arch=qwen2 fault=tokens variant=garbage20 side=ref cand_dtype=float32 ref_container=upcast cand_container=upcast tokens=16 forward=bfloat16 seed=3693',  # noqa: E501
+         'arch=qwen2 fault=tokens variant=garbage20 side=ref ref_dtype=bfloat16 cand_dtype=float32 ref_container=upcast cand_container=upcast tokens=16 forward=bfloat16 seed=3693',)),  # noqa: E501
+}
+# KNOWN-END
 
 
 class WrongCause(AssertionError):
     """A miss of kind cause/identity/tokens/counts: the verdict is right, the words are not."""
 
 
-def known(sc: Scenario) -> str | None:
-    key = f"{sc.family} {sc.args()}"
-    return next((why for pat, why in KNOWN.items() if re.search(pat, key)), None)
+def known(sc: Scenario, exact: bool = True) -> str | None:
+    """Why sc is a known wrong-cause miss (exact: this very case; else: any case of its family)."""
+    why, args = KNOWN.get(sc.family, (None, ()))
+    return why if why and (not exact or sc.args() in args) else None
 
 
 def _marks(sc: Scenario) -> list:
@@ -96,7 +105,7 @@ def test_random_scenarios(scen_dir) -> None:  # noqa: ANN001
         try:
             judge(sc, scen_dir / f"r{next(_counter)}")
         except WrongCause:
-            if known(sc) is None:
+            if known(sc, exact=False) is None:
                 raise
 
     one()

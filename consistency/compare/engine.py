@@ -46,6 +46,7 @@ class Comparison:
     ref_slot_names: list[str | None] = field(default_factory=list)  # what each reference slot is
     seconds: float = 0.0
     effective: dict[str, str] = field(default_factory=dict)  # "ref:name"/"cand:name" -> dtype the values carry
+    _streams: dict[tuple[int, int], frozenset[int]] = field(default_factory=dict, repr=False)
 
     def canonical(self, ref_name: str | None) -> str | None:
         """Prefer the meaningful name: a reference slot that equals ``hidden.3`` is ``hidden.3``."""
@@ -92,6 +93,15 @@ class Comparison:
         if gap is not None and gap > 0 and gap / 10 < f:
             return gap / 10, f"neighbour gap {gap:.3g}/10"
         return f, why
+
+    def recorded_streams(self, key: tuple[int, int]) -> frozenset[int]:
+        """Streams the reference records at this shape (computed once per shape: a dump of
+        30,000 tensors must not re-scan every name once per tensor)."""
+        if key not in self._streams:
+            fp = self.ref_fp.get(key)
+            got = (self.stream_of(n) for n in (fp.names if fp is not None else []))
+            self._streams[key] = frozenset(x for x in got if x is not None)
+        return self._streams[key]
 
     def stream_of(self, ref_name: str | None) -> int | None:
         """Stream index a reference name stands for (``aux.i`` through the reference's own slots)."""
@@ -239,13 +249,11 @@ def _screen(cmp: Comparison) -> None:
             d = cfp.distance(r.cand.name, r.ref.name, rfp)
             if d <= cmp.noise_floor(r)[0]:
                 continue  # same-name pair that already agrees: no identification needed
-        pool = list(rfp.names)
-        r.ident = identify.rank(r.cand.name, cfp, rfp, pool, same)
+        r.ident = identify.rank(r.cand.name, cfp, rfp, None, same)  # None: every reference of this shape
         if expected_in:
             r.ident.expected = r.ref.name
             r.ident.expected_distance = cfp.distance(r.cand.name, r.ref.name, rfp)
-            hidden_pool = [n for n in pool if names.parse(n).kind == names.HIDDEN]
-            r.ident.gap = identify.neighbour_gap(r.ref.name, rfp, hidden_pool, same)
+            r.ident.gap = identify.neighbour_gap(r.ref.name, rfp, rfp.of_kind(names.HIDDEN), same)
     _assign_slots(cmp, [r for r in cmp.results if r.slot is not None and r.ident])
 
 
@@ -369,9 +377,8 @@ def _adjacent_recorded(cmp: Comparison, r: Result) -> bool:
     s = r.expected_stream if r.expected_stream is not None else cmp.stream_of(r.expected)
     if s is None:
         return False
-    fp = cmp.ref_fp.get(_key(r.cand))
-    have = {cmp.stream_of(n) for n in (fp.names if fp is not None else [])}
-    return (s - 1 in have or s == 0) and (s + 1 in have or s == max((x for x in have if x is not None), default=s))
+    have = cmp.recorded_streams(_key(r.cand))
+    return (s - 1 in have or s == 0) and (s + 1 in have or s == max(have, default=s))
 
 
 def _clear_best(r: Result) -> bool:

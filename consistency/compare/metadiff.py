@@ -64,12 +64,21 @@ def diff(ref: DumpMetadata | None, cand: DumpMetadata | None, pairs: dict[str, s
     a, b = _plain(ref), _plain(cand)
     ta, tb = a.pop("tensors", {}), b.pop("tensors", {})
     out: list[MetaDiff] = []
-    if a and b and not _same(a, b):
+    if a and b and not _same(_unignored(a, b), _unignored(b, a)):
         out += _entries(_deepdiff()(a, b, ignore_order=False, verbose_level=2), "")
     for cname, rname in pairs.items():
         if cname in tb and rname in ta and not _same(ta[rname], tb[cname]):
             out += _entries(_deepdiff()(ta[rname], tb[cname], verbose_level=2), f"tensors.{cname}.")
     return [d for d in out if not IGNORED.match(d.path)]
+
+
+def _unignored(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    """``a`` without the top-level keys whose every difference IGNORED drops anyway
+    (``created`` always differs between two recordings)."""
+    def dropped(k: str) -> bool:
+        nested = isinstance(a.get(k), dict) or isinstance(b.get(k), dict)
+        return bool(IGNORED.match(k)) and (not nested or bool(IGNORED.match(k + ".x")))
+    return {k: v for k, v in a.items() if not dropped(k)}
 
 
 def _same(a: Any, b: Any) -> bool:

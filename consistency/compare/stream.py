@@ -9,6 +9,7 @@ spend their time in the pool's per-task locks rather than in arithmetic.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, TypeVar
@@ -22,6 +23,7 @@ if TYPE_CHECKING:
     from concurrent.futures import ThreadPoolExecutor
 
 CHUNK_BYTES = int(os.environ.get("CONSISTENCY_CHUNK_MB", "64")) * 1024 * 1024
+SMALL_BYTES = 4 * 1024 * 1024
 Progress = Callable[[int], None]
 T = TypeVar("T")
 
@@ -60,16 +62,16 @@ def measure(pairs: Sequence[tuple[TensorView, TensorView, float, float]], progre
     for r, c, _rt, _at in pairs:
         distinct.setdefault(id(r), r)
         distinct.setdefault(id(c), c)
-    n_workers = workers()
+    # small work (a few MB per chunk) runs on this thread: starting a pool costs more than it saves
+    small = rows * cols * 4 * len(pairs) < SMALL_BYTES
+    n_workers = 1 if small else workers()
     # fp32 copies of every distinct view, plus fp32 temporaries (d, |x|) per pair being folded
     per_row = cols * (4 * len(distinct) + 4 * 3 * min(len(pairs), n_workers))
     chunk = max(1, chunk_bytes // max(1, per_row))
     views = list(distinct.items())
     view_batches = batches(views, lambda kv: kv[1].cols * kv[1]._storage.itemsize, n_workers)
     pair_batches = batches(list(range(len(pairs))), lambda i: pairs[i][1].cols, n_workers)
-    from concurrent.futures import ThreadPoolExecutor  # imported here: a small compare never starts a pool
-
-    with ThreadPoolExecutor(max_workers=n_workers) as pool:
+    with _pool(n_workers) as pool:
         for start in range(0, rows, chunk):
             stop = min(rows, start + chunk)
 
@@ -90,8 +92,18 @@ def measure(pairs: Sequence[tuple[TensorView, TensorView, float, float]], progre
     return [a.result() for a in accs]
 
 
-def _run(pool: ThreadPoolExecutor, fn: Callable[[list], T], work: list[list]) -> list[T]:
-    """One task per batch; a single batch runs here, with no hand-off to the pool."""
+def _pool(n: int) -> contextlib.AbstractContextManager:
+    if n <= 1:
+        return contextlib.nullcontext()
+    from concurrent.futures import ThreadPoolExecutor  # imported here: a small compare never starts a pool
+
+    return ThreadPoolExecutor(max_workers=n)
+
+
+def _run(pool: ThreadPoolExecutor | None, fn: Callable[[list], T], work: list[list]) -> list[T]:
+    """One task per batch; a single batch (or no pool) runs here, with no hand-off."""
+    if pool is None:
+        return [fn(b) for b in work]
     if len(work) == 1:
         return [fn(work[0])]
     return list(pool.map(fn, work))

@@ -98,7 +98,7 @@ def thin_note(ev: Evidence, r: Result) -> str:
     s = r.expected_stream if r.expected_stream is not None else ev.cmp.stream_of(r.expected)
     if s is None:
         return ""
-    have = sorted({x for x in (ev.cmp.stream_of(n) for n in ev.ref_names(r)) if x is not None})
+    have = sorted(ev.cmp.recorded_streams((r.cand.rows, r.cand.cols)))
     if (s - 1 in have or s == 0) and s + 1 in have:
         return ""
     return (f" The reference records streams {have or 'none'} only: an adjacent layer (off by one) cannot be "

@@ -227,6 +227,11 @@ def _unpaired(ev: Evidence, r: Result, label: str, base: dict, metrics: dict) ->
     if r.slot is None:
         return [Finding.make("EXTRA", f"{label} has no reference of its name; {holds}", identified_as=held,
                              metrics=metrics, **base)], stream
+    n_ref = len(cmp.plan.ref.slots) or len(cmp.plan.ref.claimed_streams or [])
+    if n_ref and r.slot >= n_ref:  # the reference defines the slot list: one more changes fc's input width
+        return [Finding.make("EXTRA", f"{label}: the reference has {n_ref} slot{'s' if n_ref != 1 else ''}, so the "
+                             f"draft's fc takes {n_ref} x hidden; an extra slot changes its input width; {holds}",
+                             severity=Severity.error, identified_as=held, metrics=metrics, **base)], stream
     return [Finding.make("EXPECTATION_UNKNOWN", f"{label}: {holds}; nothing says which stream it should hold "
                          f"({r.why})", identified_as=held, metrics=metrics, **base)], stream
 

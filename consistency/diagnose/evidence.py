@@ -33,6 +33,7 @@ class Evidence:
     def __init__(self, cmp: Comparison) -> None:
         self.cmp = cmp
         self._extra: dict[tuple[str, int], np.ndarray] = {}
+        self._n_layers: tuple[int | None] | None = None
 
     def key(self, r: Result) -> tuple[int, int]:
         return (r.cand.rows, r.cand.cols)
@@ -103,12 +104,13 @@ class Evidence:
         return names.stream_words(s, self._num_layers())
 
     def _num_layers(self) -> int | None:
-        for side in (self.cmp.plan.ref, self.cmp.plan.cand):
-            if side.num_layers:
-                return side.num_layers
-        hs = [names.stream_of(n) for n in self.cmp.ref.tensors]
-        hs = [s for s in hs if s is not None]
-        return max(hs) if hs else None
+        if self._n_layers is None:
+            n = next((side.num_layers for side in (self.cmp.plan.ref, self.cmp.plan.cand) if side.num_layers), None)
+            if n is None:
+                hs = [s for s in (names.stream_of(x) for x in self.cmp.ref.tensors) if s is not None]
+                n = max(hs) if hs else None
+            self._n_layers = (n,)  # computed once: diagnosis asks for every tensor
+        return self._n_layers[0]
 
 
 def rms_normalize(x: np.ndarray, center: bool = False, eps: float = 1e-6) -> np.ndarray:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from consistency import __version__
 from consistency.compare import metadiff
 from consistency.compare.engine import Comparison
@@ -44,6 +46,7 @@ def build(cmp: Comparison, findings: list[Finding], summary: str) -> CompareRepo
         if d.severity == Severity.warning:
             findings = findings + [Finding.make("METADATA_DIFF", f"metadata {d.path}: reference {d.reference!r}, "
                                                 f"candidate {d.candidate!r}")]
+    summary = _count_warnings(summary, findings)
     counts: dict[str, int] = {}
     for f in findings:  # every finding, the metadata ones included
         counts[f.code] = counts.get(f.code, 0) + 1
@@ -94,3 +97,15 @@ def _as_col(cmp: Comparison, name: str | None, stream: int | None, cols: list[st
     if stream is not None and names.hidden(stream) in cols:
         return names.hidden(stream)
     return None
+
+
+_WARNINGS = re.compile(r" \((\d+) warnings?\)$")
+
+
+def _count_warnings(summary: str, findings: list[Finding]) -> str:
+    """A pass summary counts every warning, the metadata ones added after diagnosis too."""
+    n = sum(f.severity == Severity.warning for f in findings)
+    if not summary.startswith("pass"):
+        return summary
+    base = _WARNINGS.sub("", summary)
+    return base + (f" ({n} warning{'s' if n != 1 else ''})" if n else "")

@@ -23,6 +23,12 @@ def _fmt(xs: Sequence[int | None]) -> str:
     return "[" + ", ".join("?" if x is None else str(x) for x in xs) + "]"
 
 
+def _shifts(n: int) -> range:
+    """Shifts a slot list of n can show: at least two slots must confirm one (one slot in
+    common is a coincidence, not a shift), except in a list of two."""
+    return range(1, n - 1) if n > 2 else range(1, n)
+
+
 def describe(stream: int, num_layers: int | None) -> str:
     return names.stream_words(stream, num_layers, meaning_first=True)
 
@@ -46,14 +52,14 @@ def tell(expected: Sequence[int | None], actual: Sequence[int | None], cand_side
         how = f"rotated by {rot} slot{'s' if rot != 1 else ''}" if rot else "a permutation"
         return Story("ORDER_MISMATCH", f"{head} -- the same streams in another order ({how})",
                      {"expected": e, "actual": a, "permutation": [e.index(x) for x in a]})
-    if n >= 2:
+    if n >= 2 and len(set(a)) == len(a):  # a stream fed twice is no shift or offset: per-slot findings say it
         offs = {x - y for x, y in zip(a, e, strict=True)}
         if len(offs) == 1:
             k = offs.pop()
             return Story("LAYER_OFFSET", f"{head} -- every slot is {abs(k)} layer{'s' if abs(k) != 1 else ''} "
                          f"{'later' if k > 0 else 'earlier'} (a layer-id convention off by {k:+d}, the SGLang +1 family)",
                          {"offset": k, "expected": e, "actual": a})
-        for k in range(1, n):
+        for k in _shifts(n):
             if a[: n - k] == e[k:]:
                 missing = ", ".join(describe(x, num_layers) for x in e[:k])
                 extra = ", ".join(describe(x, num_layers) for x in a[n - k:])
@@ -72,7 +78,7 @@ def tell(expected: Sequence[int | None], actual: Sequence[int | None], cand_side
 def _shift_with_unknown(e: list[int], a: list[int | None], cand_side: str, ref_side: str,
                         num_layers: int | None) -> Story | None:
     n = len(e)
-    for k in range(1, n):
+    for k in _shifts(n):
         if all(x is not None for x in a[: n - k]) and a[: n - k] == e[k:] and all(x is None or x not in e for x in a[n - k:]):
             missing = ", ".join(describe(x, num_layers) for x in e[:k])
             extra = ", ".join("a stream the reference does not record" if x is None else describe(x, num_layers)
@@ -99,7 +105,7 @@ def tell_by_slot(expected: Sequence[int | None], actual: Sequence[int | None], c
     if all(x is not None for x in a) and sorted(a) == sorted(e):  # type: ignore[type-var]
         return Story("ORDER_MISMATCH", f"{head} -- the same slots in another order",
                      {"expected_slots": e, "actual_slots": a, "by": "reference slots"})
-    for k in range(1, n):
+    for k in _shifts(n):
         if a[: n - k] == e[k:] and all(x is None or x not in e[k:] for x in a[n - k:]):
             return Story("SLOT_SHIFT", f"{head} -- the list is shifted by {k} slot{'s' if k > 1 else ''}",
                          {"shift": -k, "expected_slots": e, "actual_slots": a, "by": "reference slots"})

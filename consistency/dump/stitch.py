@@ -161,8 +161,12 @@ def layout(d: Dump) -> Layout:
                 for b in range(total // batch_rows)]
         source = "batch rows"
     else:
-        segs = [Segment("all", list(range(total)), list(range(total)))]
+        # ranges, not lists: a dump with no ids and no layout stays O(1) in its token count
+        # (a 67M-row tensor must not become two 67M-element Python lists)
+        segs = [Segment("all", range(total), range(total))]  # type: ignore[arg-type]
         source = "capture order"
+        if ids_parts is None:
+            return Layout(k, source, segs, per_pass, None, None, notes)
     order = np.asarray([r for s in segs for r in s.rows], dtype=np.int64)
     ids = np.concatenate(ids_parts)[order] if ids_parts is not None else None
     pos = np.asarray([p for s in segs for p in s.positions], dtype=np.int64)

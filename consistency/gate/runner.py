@@ -56,6 +56,14 @@ def lint_cases(name: str, rep: dict[str, Any], fail_on: str = "error") -> list[G
     return cases
 
 
+def _fails(code: str) -> bool:
+    """A slot code fails by its severity in the one code registry (never a list kept here)."""
+    from consistency.contract.findings import CODES, Severity
+
+    c = CODES.get(code)
+    return c is None or c.severity == Severity.error
+
+
 def compare_cases(name: str, rep: dict[str, Any]) -> list[GateCase]:
     tensors: dict[str, list[dict[str, Any]]] = {}
     for s in rep.get("slots", []):
@@ -70,13 +78,16 @@ def compare_cases(name: str, rep: dict[str, Any]) -> list[GateCase]:
     for t, fs in tensors.items():
         errs = [f for f in fs if f["severity"] == "error"] or (
             [{"code": slot_code[t], "message": f"slot code {slot_code[t]}", "severity": "error"}]
-            if slot_code.get(t, "OK") not in ("OK", "DTYPE_MISMATCH", "NUMERIC_DRIFT", "LAYOUT_ONLY") else [])
+            if _fails(slot_code.get(t, "OK")) else [])
         shown = errs or [f for f in fs if f["severity"] == "warning"]
         cases.append(GateCase(id=f"compare/{name}/{t}", name=t, status="failed" if errs else "passed",
                               severity="error" if errs else ("warning" if shown else None),
                               message="\n".join(f"{f['code']}: {f['message']}" for f in shown),
                               code=shown[0]["code"] if shown else None, fix=shown[0].get("fix") if shown else None,
                               doc=shown[0].get("doc") if shown else None))
+    if rep.get("verdict") != "pass" and not any(c.status == "failed" for c in cases):
+        cases.append(GateCase(id=f"compare/{name}/(report)", name="(report)", status="failed", severity="error",
+                              message=rep.get("summary", "")))  # the verdict is the authority, never a case list
     if not cases:
         cases.append(GateCase(id=f"compare/{name}/(report)", name="(report)",
                               status="passed" if rep.get("verdict") == "pass" else "failed",

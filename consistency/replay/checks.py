@@ -29,17 +29,22 @@ def check_sides(ref_path: Any, ref: DumpMetadata | None, cand_path: Any, cand: D
                          "side: swapped? replay takes what the draft was trained on first")
 
 
-def common_tokens(ref_ids: torch.Tensor, cand_ids: torch.Tensor, ref_path: Any, cand_path: Any) -> int:
-    """Length the two dumps share: equal sequences, or one a prefix of the other. Dumps of
-    different text would score the draft on two unrelated tasks: refused."""
-    n = min(len(ref_ids), len(cand_ids))
-    diff = (ref_ids[:n] != cand_ids[:n]).nonzero()
-    if len(diff):
-        first = int(diff[0])
+def common_tokens(ref_ids: torch.Tensor, cand_ids: torch.Tensor, ref_path: Any, cand_path: Any) -> tuple[int, int, int]:
+    """(reference start, candidate start, length) of the longest run of tokens both dumps
+    hold, found by the token aligner compare uses (equal, a prefix-cache suffix, a template
+    in front, edits). Replay needs one contiguous run: chained steps read consecutive
+    positions. Dumps of different text would score the draft on two unrelated tasks: refused."""
+    from consistency.compare.tokens import match
+
+    method, blocks = match(ref_ids.numpy(), cand_ids.numpy())
+    if not blocks or max(n for _i, _j, n in blocks) < 2:
+        n = min(len(ref_ids), len(cand_ids))
+        diff = (ref_ids[:n] != cand_ids[:n]).nonzero()
+        first = int(diff[0]) if len(diff) else n
         raise UsageError(f"REFERENCE {ref_path} and CANDIDATE {cand_path} hold different tokens (first difference at "
-                         f"position {first} of {n}): replay compares the draft on the same prompt; record both sides "
-                         "on the same input_ids")
-    return n
+                         f"position {first} of {n}; no common run found, {method}): replay compares the draft on the "
+                         "same prompt; record both sides on the same input_ids")
+    return max(blocks, key=lambda b: b[2])
 
 
 def _target_info(target: Any) -> dict[str, Any]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -141,10 +141,19 @@ def run_replay(draft: str | Path, target: str | Any | None, reference: str | Pat
     ref = read_side(reference, d.model.num_aux, width, tmodel, labels, cache, ids, convention, tname)
     cand = read_side(candidate, d.model.num_aux, width, tmodel, labels, cache, ids, convention, tname)
     check_sides(reference, ref.meta, candidate, cand.meta)
-    shared = common_tokens(ref.ids, cand.ids, reference, candidate)
-    cut = [f"{s.path.name} holds {len(s.ids)} tokens: replayed on the {shared} both dumps share"
-           for s in (ref, cand) if len(s.ids) > shared]
-    ref, cand = truncate(ref, shared), truncate(cand, shared)
+    r0, c0, shared = common_tokens(ref.ids, cand.ids, reference, candidate)
+    cut = [f"{s.path.name} holds {len(s.ids)} tokens: replayed on the {shared} both dumps share "
+           f"(its tokens [{start}, {start + shared}))" for s, start in ((ref, r0), (cand, c0)) if len(s.ids) > shared]
+    if r0 != c0:
+        cut.append(f"the shared tokens sit at position {r0} in the reference and {c0} in the candidate: if the "
+                   "candidate's capture did not start at the prompt (a prefix-cache suffix), its states saw the same "
+                   "context; if extra tokens came first (a chat template), they did not, and acceptance reflects that")
+    ref, cand = truncate(ref, shared, r0), truncate(cand, shared, c0)
+    if r0 != c0 and cand.label_source != "logits":
+        # the candidate's tokens sit elsewhere in its capture (a prefix-cache suffix, a template in
+        # front): the target's next tokens depend on context, so both sides are scored on the
+        # reference's labels, computed on the whole prompt
+        cand = replace(cand, labels=ref.labels, label_source=ref.label_source)
     feed, why = choose_feed(feed, (ref, cand))
     rs, cs = replay_side(d, ref, k, feed), replay_side(d, cand, k, feed)
     rep = build_report(d, tname, ref, cand, rs, cs, k, feed, max_drop_points, time.perf_counter() - t0, min_acceptance)

@@ -25,6 +25,7 @@ from consistency.contract.models import DumpMetadata
 from consistency.dump import names
 from consistency.dump.reader import Dump, TensorView
 from consistency.dump.sets import open_side
+from consistency.dump.stitch import stitch
 from consistency.errors import InputError
 from consistency.replay.checks import check_model, check_streams
 
@@ -76,7 +77,8 @@ def read_side(path: str | Path, num_aux: int, width: int, target: Any | None, la
     ``layer_ids``/``convention`` describe a training file that does not record its streams,
     exactly as ``compare --layer-ids --convention`` reads it (open_side)."""
     p = Path(path)
-    with open_side(p, layer_ids, convention) as d:  # dumps, rank sets, speculators hs_*.safetensors, SpecForge .ckpt
+    with open_side(p, layer_ids, convention) as raw:  # dumps, rank sets, speculators hs_*.safetensors, SpecForge .ckpt
+        d, _layout = stitch(raw)  # chunked prefill + decode steps: one token axis, as compare reads them
         ids = token_ids(d)
         check_model(p, d.metadata, target, target_name)
         check_streams(p, d, ids, target, target_name)
@@ -135,8 +137,9 @@ def target_next_tokens(target: Any, ids: torch.Tensor) -> torch.Tensor:
     return out.logits[0].argmax(-1)
 
 
-def truncate(side: Side, n: int) -> Side:
-    """The first ``n`` tokens of a side (the part both dumps share)."""
-    if n >= len(side.ids):
+def truncate(side: Side, n: int, start: int = 0) -> Side:
+    """Tokens [start, start + n) of a side (the run both dumps share)."""
+    if start == 0 and n >= len(side.ids):
         return side
-    return replace(side, ids=side.ids[:n], aux=side.aux[:n], labels=side.labels[:n])
+    sl = slice(start, start + n)
+    return replace(side, ids=side.ids[sl], aux=side.aux[sl], labels=side.labels[sl])

@@ -54,6 +54,7 @@ class Streams:
     final_norm: np.ndarray
     pretrained: bool = False
     bf16: Streams | None = None  # the same model and prompt run in bfloat16 (a real serving forward)
+    dtype: str = "float32"  # the dtype the forward ran in
 
     @property
     def tokens(self) -> int:
@@ -95,13 +96,10 @@ def _tiny_model(arch: str) -> Any:
 
 
 def _smol_model() -> Any:
-    import torch
-    from transformers import AutoModelForCausalLM
+    from fixtures.smollm2 import load_model  # the GGUF de-quantized once per machine, then ~1 s
 
-    d = smollm2_dir()
-    assert d is not None
-    return AutoModelForCausalLM.from_pretrained(str(d), gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf",
-                                                dtype=torch.float32).eval()
+    assert smollm2_dir() is not None
+    return load_model()
 
 
 @lru_cache(maxsize=None)
@@ -114,7 +112,8 @@ def record(arch: str) -> Streams:
     model = _smol_model() if arch == SMOL else _tiny_model(arch)
     low = copy.deepcopy(model).to(torch.bfloat16)
     st = _record(arch, model)
-    return Streams(**{**st.__dict__, "bf16": _record(arch, low, T_BF16)})
+    low_st = _record(arch, low, T_BF16)
+    return Streams(**{**st.__dict__, "bf16": Streams(**{**low_st.__dict__, "dtype": "bfloat16"})})
 
 
 def _record(arch: str, model: Any, t_max: int | None = None) -> Streams:

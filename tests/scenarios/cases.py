@@ -107,7 +107,8 @@ def real_bf16(archs: tuple[str, ...] = TINY, tokens: int = 64) -> list[Scenario]
         for fault in ("benign", "layer_offset"):
             sc = Scenario(arch, fault, thickness="aux_last", ref_container="speculators", ref_dtype=C.FP8,
                           forward="bfloat16", tokens=tokens)
-            out.append(sc)
+            if valid(sc):
+                out.append(sc)
     return out
 
 

@@ -87,7 +87,7 @@ def f_drift(st, sc, train, t, rng):  # noqa: ANN001, ANN201
     b.expect = Expect("fail", forbidden=NORM_CODES | {"SCALE_MISMATCH", "LAYER_MISMATCH", "TOKEN_SHIFT",
                                                       "RESIDUAL_MISSING"})
     b.expect.slots = [slot_expect(i, ("stream", s), b.ref_labels, sc) for i, s in enumerate(train)]
-    b.expect.slots[j].strict_names = False
+    b.expect.slots[j].strict_names, b.expect.slots[j].streams = False, ANY  # past a tight threshold: may match nothing
     return b
 
 

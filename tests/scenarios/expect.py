@@ -40,6 +40,7 @@ class Expect:
     root: str | None = None  # the root-cause tensor (first divergent stream)
     clean: frozenset[str] = frozenset()  # tensors equal on both sides: no error finding may name them
     input_error_ok: bool = False  # exit 2 (InputError/UsageError) is an acceptable outcome
+    input_error_if: str | None = None  # ... or acceptable when its one line matches this regex
     mentions: str | None = None  # regex the report's words (summary, findings, assumptions) must match
     not_mentions: str | None = None  # regex the summary must not match (a false claim)
 
@@ -79,6 +80,8 @@ def check(report: Any, exc: BaseException | None, exp: Expect) -> list[Miss]:
 
     if exc is not None:
         if isinstance(exc, (InputError, UsageError)):
+            if exp.input_error_if and re.search(exp.input_error_if, str(exc)):
+                return []
             if exp.verdict == "pass":
                 return [Miss("false_fail", f"exit 2: {type(exc).__name__}: {str(exc)[:160]}")]
             return [] if exp.input_error_ok else [Miss("cause", f"exit 2 instead of a diagnosis: {str(exc)[:160]}")]

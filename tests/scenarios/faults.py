@@ -36,7 +36,7 @@ VARIANTS: dict[str, tuple[str, ...]] = {
     "slot_count": ("fewer", "more"), "shape": ("width", "rows"), "nothing": ("weights", "disjoint", "empty"),
     "concat": ("agree", "slots_wrong", "concat_wrong"),
     "streams_only": ("claims", "layer_ids", "delta_slot", "agree"), "missing_stream": ("meta", "layer_ids"),
-    "spec_cand": ("agree", "slot_shift"),
+    "spec_cand": ("agree", "slot_shift", "global_ids"),
 }
 SIDED = ("norm_final", "norm_input", "scale", "tokens", "header_magic")  # faults that can live on either side
 THICKNESS = ("full", "aux", "aux_last")
@@ -112,8 +112,10 @@ def content(st: Streams, label: Label, t: int, rng: np.random.Generator) -> np.n
         return st.mlp_out[label[1]][:t]
     if kind == "final_norm":
         return st.final_norm[:t]
-    if kind == "rms":  # a layer's input RMSNorm output (tiny models: unit weight, eps 1e-6)
-        return _rms(st.hidden[label[1]][:t])
+    if kind == "rms":  # a layer's input RMSNorm output (tiny models: unit weight, eps 1e-6), in the forward's dtype
+        from tests.scenarios.containers import round_to
+
+        return round_to(_rms(st.hidden[label[1]][:t]), st.dtype)
     if kind == "shifted":  # row i holds row i+1
         return st.hidden[label[1]][1:t + 1]
     raise ValueError(label)
@@ -249,7 +251,8 @@ def f_layer_mismatch(st, sc, train, t, rng):  # noqa: ANN001, ANN201
     s2 = int(rng.choice(others))
     ids = list(train)
     ids[j] = s2
-    in_ref = sc.thickness == "full" or (sc.thickness == "aux_last" and s2 == st.n) or s2 in train
+    last_named = not (sc.ref_container == "speculators" and not sc.ids_with_last)  # else verifier_last_hidden_states
+    in_ref = sc.thickness == "full" or (sc.thickness == "aux_last" and s2 == st.n and last_named) or s2 in train
     codes = {"LAYER_MISMATCH"} if in_ref else {"LAYER_MISMATCH", "UNKNOWN"}
     return _slots_built(st, sc, train, t, rng, [("stream", s) for s in ids], ids,
                         Expect("fail", frozenset(codes), forbidden=frozenset({"NUMERIC_DRIFT"}) | NORM_CODES

@@ -37,6 +37,8 @@ def valid(sc: Scenario) -> bool:
         return False
     if sc.side == "ref" and sc.fault not in ("norm_final", "norm_input", "scale", "tokens", "header_magic"):
         return False
+    if sc.forward == "bfloat16" and sc.arch == "deepseek_v3":
+        return False  # MoE routing flips in bf16: deep streams differ per token up to 9e-2 (not "the same stream")
     if sc.fault == "layer_offset" and sc.variant == "minus" and sc.arch != "smollm2":
         return False  # the tiny list starts at stream 0
     if sc.fault == "ref_claim_wrong" and (sc.thickness != "full" or sc.ref_container in ("upcast", "speculators")):
@@ -109,7 +111,7 @@ def ids_kwargs(fn: Any, b: Built, sc: Scenario) -> dict[str, Any]:
         return {}
     params = inspect.signature(fn).parameters
     foreign = "cand" if b.cand_order else "ref" if sc.ref_container == "speculators" else None
-    if foreign and f"{foreign}_layer_ids" in params:
+    if foreign and f"{foreign}_layer_ids" in params and sc.variant != "global_ids":
         return {f"{foreign}_layer_ids": b.layer_ids, "convention": b.convention}
     return {"layer_ids": b.layer_ids, "convention": b.convention}
 

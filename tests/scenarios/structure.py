@@ -119,10 +119,12 @@ def f_spec_cand(st, sc, train, t, rng):  # noqa: ANN001, ANN201
     ids = F.shifted_ids(st, train) if sc.variant == "slot_shift" else list(train)
     cand, cl = F._cand(st, [("stream", s) for s in ids], t, rng)
     cand[f"hidden.{st.n}"], cl[f"hidden.{st.n}"] = st.hidden[st.n][:t], ("stream", st.n)
-    exp = Expect("pass") if sc.variant == "agree" else Expect("fail", frozenset({"SLOT_SHIFT"}))
+    exp = Expect("fail", frozenset({"SLOT_SHIFT"})) if sc.variant == "slot_shift" else Expect("pass")
     exp.slots = [F.slot_expect(i, ("stream", s), rl, full, not_ok=s != train[i]) for i, s in enumerate(ids)]
-    if sc.variant == "agree":
+    if sc.variant in ("agree", "global_ids"):
         exp.forbidden = frozenset({"MISSING"})
+    if sc.variant == "global_ids":  # one --layer-ids for both files: work, or say how to give per-file ids
+        exp.input_error_if = r"--cand-layer-ids|--ref-layer-ids|convert"
     b = F.Built(ref, rl, list(train), cand, cl, None, exp)
     b.cand_order = [f"aux.{i}" for i in range(len(ids))] + [f"hidden.{st.n}"]
     b.layer_ids, b.convention = list(train) + [st.n], "speculators"
