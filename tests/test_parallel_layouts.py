@@ -138,6 +138,8 @@ def test_a_token_held_by_two_dp_ranks_is_reported(dp):
         assert f.code == "TOKEN_DUPLICATE" and "dp ranks [0, 1]: [12]" in f.message
         assert f.evidence["token_rel_diff"] == 0.0  # both computed the same token: the bookkeeping is wrong
         assert d["hidden.1"].shape == (tp.T, tp.H)
+    rep = run_compare(str(dp / "ref.safetensors"), str(dp / "duplicate.safetensors"))  # diagnosis reports the set's
+    assert rep.verdict == "fail" and "TOKEN_DUPLICATE" in {f.code for f in rep.findings}  # findings: never a PASS
 
 
 @pytest.fixture(scope="module")

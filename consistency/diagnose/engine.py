@@ -18,7 +18,6 @@ from consistency.contract.findings import Finding, Severity
 from consistency.diagnose import causes, hypotheses, story
 from consistency.diagnose.evidence import Evidence, Explanation
 from consistency.dump import names
-from consistency.dump.stages import layout_findings
 
 HOLD_FACTOR = 3.0  # an exact explanation must leave at most 3x the noise floor
 EXPLAINS = 0.25  # ... and remove at least 3/4 of the difference (a 3.9e-5 -> 3.8e-5 "scale" explains nothing)
@@ -39,7 +38,9 @@ def explain(cmp: Comparison) -> tuple[list[Finding], str]:
         findings.append(Finding.make("MISSING", f"{name}: the reference has it (or the contract expects it); "
                                      f"the candidate does not", tensor=None, expected=name))
     findings += _replicas(cmp)
-    findings += layout_findings(cmp.cand, "candidate") + layout_findings(cmp.ref, "reference")  # rank/stage sets
+    from consistency.dump.stages import layout_findings  # rank/stage sets only; a plain compare never loads it
+
+    findings += layout_findings(cmp.cand, "candidate") + layout_findings(cmp.ref, "reference")
     findings[:0] = _concat_checks(cmp)  # first: the other findings depend on which one the draft got
     findings += _sides(cmp)
     if not any(r.status in (Status.ok, Status.drift, Status.bad_tokens, Status.mismatch, Status.nonfinite,
@@ -258,6 +259,8 @@ def _explain(ev: Evidence, r: Result, label: str, base: dict, metrics: dict) -> 
         x = h.test(ev, r)
         if x is not None:
             tried.append(x)
+            if not x.approximate and x.after <= floor and x.after <= EXPLAINS * x.before:
+                break  # explained to the noise floor; the structural checks keep rivals (norm vs scale) apart
     held = [x for x in tried if _holds(x, floor)]
     metrics = dict(metrics, tried={x.code: {"before": _g(x.before), "after": _g(x.after)} for x in tried})
     if held:
