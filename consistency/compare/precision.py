@@ -80,3 +80,23 @@ def storage_error(sample: np.ndarray, dtype: str) -> float:
 def storage_floor(sample: np.ndarray, dtype: str) -> float:
     """The floor a narrow storage format earns on these values (STORAGE_MARGIN x measured)."""
     return STORAGE_MARGIN * storage_error(sample, dtype)
+
+
+def effective_dtypes(fingerprints: dict[str, dict], labels: dict[tuple[str, str], str]) -> tuple[dict[str, str], str]:
+    """Every float32 tensor's real precision, read off its sampled rows (``side:name`` ->
+    dtype, for those that differ from their label), and a note for the report."""
+    out: dict[str, str] = {}
+    for side, fps in fingerprints.items():
+        for fp in fps.values():
+            for name in fp.names:
+                if labels.get((side, name)) != "float32":
+                    continue
+                eff = effective_dtype("float32", fp.rows(name))
+                if eff != "float32":
+                    out[f"{side}:{name}"] = eff
+    held = sorted({k.split(":", 1)[1] for k in out})
+    if not held:
+        return out, ""
+    kinds = "/".join(sorted(set(out.values())))
+    return out, (f"{len(held)} float32 tensor{'s' if len(held) != 1 else ''} hold {kinds} values (e.g. {held[0]}): "
+                 f"judged against the {kinds} noise floor")
