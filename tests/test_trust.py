@@ -322,3 +322,59 @@ def test_user_rtol_makes_any_element_outside_fail(rec):
     rep = run(str(rec["full"]), str(rec["ok"]), rtol=1e-6, atol=0.0)
     assert rep.verdict == "fail" and "Mismatched elements" in rep.summary + " ".join(f.message for f in rep.findings)
     assert run(str(rec["full"]), str(rec["ok"])).verdict == "pass"
+
+
+@pytest.mark.parametrize("options, want", [
+    ([[("hidden.3", 1e-6)], [("hidden.7", 1e-6)]], ["hidden.3", "hidden.7"]),
+    # two slots within noise of the same best: the assignment gives them distinct references
+    ([[("hidden.3", 1e-6), ("hidden.4", 2e-6)], [("hidden.3", 1e-6)]], ["hidden.4", "hidden.3"]),
+    # a real duplicate (no alternative) stays a duplicate: never hidden by the assignment
+    ([[("hidden.3", 1e-6)], [("hidden.3", 1e-6)]], ["hidden.3", "hidden.3"]),
+    ([[("hidden.3", 1e-6)], []], ["hidden.3", None]),
+])
+def test_assignment_table(options, want):
+    from consistency.compare.identify import assign
+
+    assert assign(options) == want
+
+
+@pytest.mark.parametrize("rule, threshold, dtypes_, gap, floor, source", [
+    ([], None, ("float32", "float32"), None, 1e-5, "float32 floor"),
+    ([], None, ("float32", "bfloat16"), None, 2e-3, "bfloat16 floor"),
+    ([], None, ("float32", "bfloat16"), 1e-2, 1e-3, "neighbour gap"),  # gap / 10 below the dtype floor wins
+    ([], 5e-4, ("float32", "bfloat16"), 1e-2, 5e-4, "--threshold"),
+    (["aux\\.1=0.1"], 5e-4, ("float32", "bfloat16"), None, 0.1, "rule"),  # a per-name rule wins over --threshold
+])
+def test_floor_table(rule, threshold, dtypes_, gap, floor, source):
+    from consistency.compare.tolerance import ToleranceModel, parse_rules
+
+    f, why = ToleranceModel(parse_rules(rule), floor_override=threshold).floor("aux.1", *dtypes_, gap)
+    assert f == pytest.approx(floor) and why.startswith(source)
+
+
+def _judge_case(kind: str) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(7)
+    e = rng.standard_normal((64, 32)).astype(np.float32) * np.linspace(1, 3, 64, dtype=np.float32)[:, None]
+    c = e.copy()
+    if kind == "noise":
+        c = _bf16(e)
+    elif kind == "zero_row":
+        c[9] = 0
+    elif kind == "far":
+        c = rng.standard_normal(e.shape).astype(np.float32)
+    elif kind == "nan":
+        c[3, 4] = np.nan
+    return e, c
+
+
+@pytest.mark.parametrize("kind, verdict, code", [
+    ("same", "pass", "OK"), ("noise", "pass", "OK"), ("zero_row", "fail", "BAD_TOKENS"),
+    ("far", "fail", "UNKNOWN"), ("nan", "fail", "NONFINITE"),
+])
+def test_judge_table(kind, verdict, code):
+    """The judge on hand-made arrays (the Python API takes dicts): one tensor, by name."""
+    import consistency
+
+    e, c = _judge_case(kind)
+    rep = consistency.compare({"hidden.5": e}, {"hidden.5": c})
+    assert rep.verdict == verdict and code in {f.code for f in rep.findings if f.tensor == "hidden.5"}
