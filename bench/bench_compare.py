@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import time
@@ -27,6 +26,8 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from bench.common import report  # noqa: E402
 
 from consistency.contract.models import AuxInfo, DumpMetadata, ModelInfo  # noqa: E402
 from consistency.dump.dtypes import float32_to_bf16_bits  # noqa: E402
@@ -230,16 +231,7 @@ def main() -> None:
             rows.append(measure(args.out, layers, tokens, 2048, False, args.repeat))
     else:
         rows.append(measure(args.out, args.layers, args.tokens, args.hidden, not args.no_naive, args.repeat))
-    info = {"machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}",
-            "numpy": np.__version__}
-    print(json.dumps(info))
-    keys = list(rows[0])
-    print("| " + " | ".join(keys) + " |")
-    print("|" + "---|" * len(keys))
-    for r in rows:
-        print("| " + " | ".join(str(r[k]) for k in keys) + " |")
-    if args.json:
-        args.json.write_text(json.dumps({"info": info, "rows": rows}, indent=1))
+    report(rows, args.json)
 
 
 if __name__ == "__main__":

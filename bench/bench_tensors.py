@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import time
@@ -28,6 +27,8 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from bench.common import report  # noqa: E402
 
 from consistency.dump.writer import write_dump  # noqa: E402
 
@@ -100,16 +101,7 @@ def main() -> None:
                        rss_ratio=round(rss / base["peak_rss_mb"], 2))
             rows.append(row)
             print(json.dumps(row), flush=True)
-    info = {"machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}",
-            "numpy": np.__version__, "load_avg": os.getloadavg()}
-    print(json.dumps(info))
-    keys = list(rows[0])
-    print("| " + " | ".join(keys) + " |")
-    print("|" + "---|" * len(keys))
-    for r in rows:
-        print("| " + " | ".join(str(r[k]) for k in keys) + " |")
-    if args.json:
-        args.json.write_text(json.dumps({"info": info, "rows": rows}, indent=1))
+    report(rows, args.json, load_avg=os.getloadavg())
 
 
 if __name__ == "__main__":

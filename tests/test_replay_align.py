@@ -12,23 +12,14 @@ import pytest
 
 from consistency.errors import UsageError
 from consistency.record.api import record_reference
-from consistency.record.hf import record_pass
 from consistency.record.models import DEMO_PROMPT, tokenize
-from consistency.record.recorder import Recorder
 from consistency.replay.engine import run_replay
+from tests.test_stitch import _serve as serve_passes
 from tests.test_truth_replay import DRAFT, TRAIN, _target
 
 
 def _serve(model, path, passes, prefix=None):  # noqa: ANN001, ANN202
-    cache = None
-    if prefix is not None:
-        with Recorder(path.with_suffix(".prefix.safetensors")) as warm:
-            cache = record_pass(model, prefix, warm, TRAIN)
-            warm.discard()
-    with Recorder(path, force=True) as rec:
-        for ids in passes:
-            cache = record_pass(model, ids, rec, TRAIN, cache=cache)
-    return path
+    return serve_passes(model, path, passes, slots=TRAIN, prefix=prefix)
 
 
 def test_chunked_suffix_capture_replays_on_the_shared_run(tmp_path):

@@ -8,6 +8,11 @@ meaning (stream ids, convention, model shape) are warnings; bookkeeping is infor
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from deepdiff import DeepDiff
+
 import json
 import re
 from functools import lru_cache

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from typing import Any
+
 import numpy as np
 
 
@@ -140,3 +142,23 @@ def float32_to_bf16_bits(x: np.ndarray) -> np.ndarray:
     if nan.any():
         out[nan] = 0x7FC0
     return out
+
+
+VIEW_AS = {"bfloat16": "int16", "float8_e4m3fn": "uint8", "float8_e5m2": "uint8"}  # dtypes numpy cannot hold
+
+
+def torch_storage(t: Any) -> tuple[np.ndarray, str]:
+    """A torch tensor's host copy as (numpy storage, canonical dtype name), bits kept for
+    dtypes numpy lacks (bf16 as uint16, float8 as uint8). The one conversion the recorder
+    and in-memory dumps share; torch is imported only by the caller that holds a tensor."""
+    import torch
+
+    name = str(t.dtype).removeprefix("torch.")
+    x = t.detach()
+    if x.device.type != "cpu":
+        x = x.to("cpu")
+    x = x.contiguous()
+    if name in VIEW_AS:
+        raw = x.view(getattr(torch, VIEW_AS[name])).numpy()
+        return (raw.view(np.uint16) if raw.dtype == np.int16 else raw).copy(), name
+    return x.numpy().copy(), name

@@ -26,7 +26,6 @@ from consistency.dump import dtypes
 from consistency.dump.reader import Dump, TensorView
 from consistency.errors import InputError, UsageError
 
-_VIEW_AS = {"bfloat16": "int16", "float8_e4m3fn": "uint8", "float8_e5m2": "uint8"}  # dtypes numpy lacks
 
 
 def _is_torch(value: Any) -> bool:
@@ -45,20 +44,11 @@ def storage_of(value: Any, where: str = "") -> tuple[np.ndarray, str]:
             raise UsageError(f"{where}: storage {arr.dtype} does not hold {dt.name}")
         return np.ascontiguousarray(arr).view(np.dtype(dt.storage)), dt.name
     if _is_torch(value):
-        import torch
-
-        name = str(value.dtype).removeprefix("torch.")
-        x = value.detach()
-        if x.device.type != "cpu":
-            x = x.to("cpu")
-        x = x.contiguous()
-        if name in _VIEW_AS:
-            raw = x.view(getattr(torch, _VIEW_AS[name])).numpy()
-            return (raw.view(np.uint16) if raw.dtype == np.int16 else raw).copy(), name
         try:
-            return x.numpy().copy(), dtypes.lookup(name).name
+            raw, name = dtypes.torch_storage(value)
+            return raw, dtypes.lookup(name).name
         except (KeyError, TypeError):
-            raise UsageError(f"{where}: torch dtype {name} is not supported") from None
+            raise UsageError(f"{where}: torch dtype {value.dtype} is not supported") from None
     arr = np.asarray(value)
     if arr.dtype == object:
         raise UsageError(f"{where}: expected a numpy array or torch tensor, got {type(value).__name__}")

@@ -12,13 +12,6 @@ import numpy as np
 
 from consistency.contract.models import TensorMeta
 
-_VIEW_AS = {  # dtypes numpy cannot hold: reinterpret the bits
-    "bfloat16": "int16",
-    "float8_e4m3fn": "uint8",
-    "float8_e5m2": "uint8",
-}
-
-
 def dtype_name(t: Any) -> str:
     return str(t.dtype).removeprefix("torch.")
 
@@ -34,16 +27,6 @@ def to_numpy(t: Any) -> tuple[np.ndarray, str]:
         from consistency.dump import dtypes
 
         return t, dtypes.from_numpy(t.dtype).name
-    import torch
+    from consistency.dump import dtypes
 
-    name = dtype_name(t)
-    x = t.detach()
-    if x.device.type != "cpu":
-        x = x.to("cpu")
-    x = x.contiguous()
-    if name in _VIEW_AS:
-        storage = x.view(getattr(torch, _VIEW_AS[name])).numpy()
-        if storage.dtype == np.int16:
-            storage = storage.view(np.uint16)
-        return storage.copy(), name
-    return x.numpy().copy(), name
+    return dtypes.torch_storage(t)
