@@ -454,3 +454,22 @@ def test_hostile_capture_numbers_are_one_line(tmp_path, keys, words):
     with open_dump(path) as d, pytest.raises(InputError) as exc:
         stitch(d)
     assert str(exc.value).startswith(str(path)) and words in str(exc.value) and "'aux.0'" in str(exc.value)
+
+
+def test_reports_show_the_alignment(tmp_path):
+    """JSON, text and HTML say what was compared of a prefix-cache suffix capture."""
+    import io
+
+    from consistency.diagnose.pipeline import run
+    from consistency.report import html_page, text
+
+    m = tiny("tiny-llama")
+    ids = prompt_ids(m, 40, seed=13)
+    ref = _reference(m, ids, tmp_path / "ref.safetensors")
+    cand = _serve(m, tmp_path / "suffix.safetensors", [ids[8:30], ids[30:31]], prefix=ids[:8])
+    rep = run(str(ref), str(cand))
+    assert rep.verdict == "pass" and rep.alignment["compared"] == 23 and rep.alignment["method"] == "offset"
+    buf = io.StringIO()
+    text.render(rep, text.console(buf))
+    assert "tokens: 23 compared of 40 reference / 23 candidate tokens (offset)" in buf.getvalue()
+    assert 'id="alignment">tokens: 23 compared of 40 reference' in html_page.render(rep)
