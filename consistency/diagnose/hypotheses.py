@@ -71,6 +71,24 @@ def layer_mismatch(ev: Evidence, r: Result) -> Explanation | None:
                        before, dist, name, detail)
 
 
+def stream_for_unnamed_slot(ev: Evidence, r: Result) -> Explanation | None:
+    """Last resort: a thin reference slot whose stream nothing says, and a candidate that is
+    exactly a stream the reference does record (its appended last state). It holds that
+    stream. Tried after every other explanation, so a slot that is that stream's norm, a
+    scaled copy or a shifted one gets that cause instead."""
+    b, before = _best(r), ev.before(r)
+    if b is None or before is None or r.ref is None or r.ident is None or r.ref.name in r.ident.group:
+        return None
+    name, dist = b
+    want = names.parse(r.ref.name)
+    if not r.matched or ev.cmp.stream_of(name) is None or ev.cmp.stream_of(r.ref.name) is not None \
+            or want.kind != names.AUX or names.parse(ev.cmp.canonical(r.ref.name) or "").kind != names.AUX:
+        return None
+    return Explanation("LAYER_MISMATCH", f"holds {ev.stream_name(name)}, not what the reference put in slot "
+                       f"{want.index} ({r.ref.name})", before, dist, name,
+                       {"stream": ev.cmp.stream_of(name), "expected_slot": want.index})
+
+
 def residual_missing(ev: Evidence, r: Result) -> Explanation | None:
     """hidden_states.clone() where hidden_states + residual was meant: a block delta."""
     before, c = ev.before(r), ev.cand(r)
@@ -369,6 +387,7 @@ REGISTRY: tuple[Hypothesis, ...] = (
     Hypothesis("TOKEN_SHIFT", token_shift),
     Hypothesis("PARTIAL_SHARD", partial_shard),
     Hypothesis("SCALE_MISMATCH", scale_mismatch),
+    Hypothesis("LAYER_MISMATCH", stream_for_unnamed_slot),  # last: only when nothing else explains it
 )
 
-BY_CODE = {h.code: h for h in REGISTRY}
+BY_CODE = {h.code: h for h in reversed(REGISTRY)}  # the first entry of a code wins
