@@ -11,24 +11,11 @@ import math
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from consistency.contract.ids import parse_ids  # noqa: F401 - re-exported for the CLI
 from consistency.errors import UsageError
 
 if TYPE_CHECKING:
     from consistency.contract.findings import CompareReport
-
-
-def parse_ids(text: str | Sequence[int] | None) -> list[int] | None:
-    """'2,30,58', '[2, 30, 58]' or a list -> [2, 30, 58]; 'default' or '' -> None (runtime default)."""
-    if text is None:
-        return None
-    if not isinstance(text, str):
-        return [int(x) for x in text]
-    if text.strip().lower() in ("", "default", "none"):
-        return None
-    try:
-        return [int(x) for x in text.strip().strip("[]").replace(" ", "").split(",") if x != ""]
-    except ValueError:
-        raise UsageError(f"cannot parse layer ids {text!r}: expected comma-separated integers") from None
 
 
 def load_contract(path: str | None) -> Any:

