@@ -126,12 +126,73 @@ class NativeIds(Strict):
     ids: list[int] | None = Field(None, description="Ids as written in the config; null means the runtime default")
 
 
+class Consumer(str, Enum):
+    """Which kind of draft reads the target's hidden states (docs/methods.md)."""
+
+    eagle3_aux = "eagle3-aux"  # EAGLE-3/3.1: a concatenation of aux streams, fc to hidden
+    mtp = "mtp"  # DeepSeek-V3 style MTP / NextN: enorm(emb), hnorm(h), eh_proj, one block, shared head
+    eagle1 = "eagle1"  # EAGLE-1/2, HASS: fc(cat(emb, h)) with the target's last (post-norm) state
+    medusa = "medusa"  # heads on the last (post-norm) state, no token input
+    dflash = "dflash"  # block drafter: aux streams, no token shift
+    p_eagle = "p-eagle"  # parallel EAGLE: depth 0 as EAGLE-3, depths >= 1 a learnable placeholder
+
+
+class Pairing(str, Enum):
+    """How a hidden row is paired with a token embedding at the draft's input."""
+
+    shift = "shift"  # hidden at t with emb(x_{t+1}), predicts x_{t+2}; positions stay t (EAGLE, MTP)
+    none = "none"  # hidden at t with token t (DFlash: the block starts at the last verified token)
+    no_token = "no_token"  # no token input at all (Medusa heads)
+
+
+class Pos0(str, Enum):
+    """The draft's embedding row at position 0."""
+
+    kept = "kept"
+    zeroed = "zeroed"  # vLLM DeepSeek/GLM/MiMo MTP: inputs_embeds[positions == 0] = 0
+
+
+class Recycle(str, Enum):
+    """What a multi-step draft is fed as its hidden state at steps >= 1."""
+
+    d_norm = "d_norm"  # the draft's own output after its final norm (MTP shared_head.norm; EAGLE-3.1 norm_output)
+    d_raw = "d_raw"  # the draft's own output before its final norm (h + residual)
+    target = "target"  # the target's hidden at every step (non-chain multi-layer MTP)
+    mask = "mask"  # a learnable placeholder state (P-EAGLE depths >= 1)
+    none = "none"  # no later step reads a hidden state (Medusa, a DFlash block)
+
+
+class ConcatOrder(str, Enum):
+    embed_hidden = "embed,hidden"  # DeepSeek, GLM, Qwen3-Next MTP, EAGLE-1/3, TRT-LLM
+    hidden_embed = "hidden,embed"  # MiMo MTP (input_proj(cat(h, emb)))
+
+
+class ConsumerSpec(Strict):
+    """How the draft consumes what it is fed, beyond which streams: the parts of the contract
+    that differ between speculative methods (conventions-beyond-eagle3.md, section 7)."""
+
+    kind: Consumer = Consumer.eagle3_aux
+    pairing: Pairing = Pairing.shift
+    pos0_embed: Pos0 = Pos0.kept
+    recycle: Recycle = Field(Recycle.d_raw, description="Hidden state fed at steps >= 1")
+    concat_order: ConcatOrder = Field(ConcatOrder.embed_hidden, description="Order of the embedding and the hidden "
+                                      "state in the draft's input projection")
+    steps: int | None = Field(None, ge=1, le=64, description="Draft steps per verification (num_speculative_tokens)")
+    source: str | None = Field(None, description="Where this consumer's behaviour was read (runtime path, PR)")
+
+
 class AuxContract(Strict):
-    """The aux-hidden-state contract between a trained draft and the server feeding it."""
+    """The hidden-state contract between a trained draft and the server feeding it.
+
+    ``slots`` say which streams the draft reads at step 0 (and their norm state: an MTP or
+    EAGLE-1 draft reads stream N *after* the final norm); ``consumer`` says how it pairs them
+    with tokens and what it recycles at later steps. Contracts written before ``consumer``
+    existed read as EAGLE-3."""
 
     contract_version: int = CONTRACT_VERSION
     target: ModelInfo
     slots: list[SlotSpec] = Field(min_length=1)
+    consumer: ConsumerSpec = Field(default_factory=ConsumerSpec)
     order: Literal["as_listed"] = Field("as_listed", description="Slots are concatenated in list order")
     concat_dim: Literal[-1] = -1
     native: NativeIds | None = Field(None, description="Where the stream ids came from")

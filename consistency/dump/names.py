@@ -4,7 +4,15 @@
 ``attn_out.{k}`` what layer k's attention block adds to the stream
 ``mlp_out.{k}``  what layer k's MLP block adds to the stream
 ``final_norm``   the final norm's output;  ``logits``;  ``input_ids``
-``aux.{i}``      the i-th aux slot as fed to the draft;  ``aux`` the concatenation
+``aux.{i}``      the i-th aux slot as fed to the draft at step 0;  ``aux`` the concatenation
+                 (an MTP / EAGLE-1 / Medusa draft has one slot: the target's last state)
+Drafts that run several steps (docs/methods.md), step k = 0, 1, ...:
+``recycle.{k}``     the hidden state the draft is fed at step k >= 1 (what it recycles)
+``draft_out.{k}``   the draft's output at step k before its own final norm (d_raw)
+``draft_norm.{k}``  the draft's output at step k after its own final norm (d_norm)
+``draft_ids.{k}``   the token ids the draft embeds at step k, row-aligned with its hidden input
+``draft_embed.{k}`` the embedding rows the draft reads at step k (after any position-0 masking)
+``draft_cat.{k}``   the concatenation fed to the draft's input projection (eh_proj / fc) at step k
 Anything else is allowed and compared by name.
 """
 
@@ -14,7 +22,8 @@ import re
 from dataclasses import dataclass
 from functools import lru_cache
 
-_INDEXED = re.compile(r"^(hidden|attn_out|mlp_out|aux|resid_mid)\.(\d{1,6})$")
+_INDEXED = re.compile(r"^(hidden|attn_out|mlp_out|aux|resid_mid|recycle|draft_out|draft_norm|draft_ids|draft_embed|draft_cat)"
+                      r"\.(\d{1,6})$")
 
 HIDDEN = "hidden"
 ATTN_OUT = "attn_out"
@@ -24,6 +33,13 @@ AUX = "aux"
 FINAL_NORM = "final_norm"
 LOGITS = "logits"
 INPUT_IDS = "input_ids"
+RECYCLE = "recycle"
+DRAFT_OUT = "draft_out"
+DRAFT_NORM = "draft_norm"
+DRAFT_IDS = "draft_ids"
+DRAFT_EMBED = "draft_embed"
+DRAFT_CAT = "draft_cat"
+DRAFT_KINDS = (RECYCLE, DRAFT_OUT, DRAFT_NORM, DRAFT_IDS, DRAFT_EMBED, DRAFT_CAT)  # the draft's own side, per step
 
 
 @dataclass(frozen=True, order=True)
@@ -59,6 +75,17 @@ def mlp_out(k: int) -> str:
     return f"{MLP_OUT}.{k}"
 
 
+def recycle(k: int) -> str:
+    return f"{RECYCLE}.{k}"
+
+
+def draft(kind: str, k: int) -> str:
+    """``draft(DRAFT_NORM, 0)`` -> ``draft_norm.0``; one spelling for every per-step name."""
+    if kind not in DRAFT_KINDS:
+        raise ValueError(f"not a per-step draft tensor kind: {kind!r}")
+    return f"{kind}.{k}"
+
+
 def stream_of(name: str) -> int | None:
     """Stream index of a ``hidden.{s}`` name, else None."""
     n = parse(name)
@@ -68,8 +95,11 @@ def stream_of(name: str) -> int | None:
 def sort_key(name: str) -> tuple[int, str, int]:
     """Order names the way a reader expects: ids, streams by index, components, the rest."""
     n = parse(name)
-    rank = {INPUT_IDS: 0, HIDDEN: 1, RESID_MID: 2, ATTN_OUT: 3, MLP_OUT: 4, FINAL_NORM: 5, LOGITS: 6, AUX: 7}
-    return (rank.get(n.kind, 8), n.kind, -1 if n.index is None else n.index)
+    rank = {INPUT_IDS: 0, HIDDEN: 1, RESID_MID: 2, ATTN_OUT: 3, MLP_OUT: 4, FINAL_NORM: 5, LOGITS: 6, AUX: 7,
+            DRAFT_IDS: 8, DRAFT_EMBED: 9, DRAFT_CAT: 10, DRAFT_OUT: 11, DRAFT_NORM: 12, RECYCLE: 13}
+    if n.kind in DRAFT_KINDS:  # step by step: everything of step 0, then step 1, ...
+        return (8, f"{n.index:06d}", rank[n.kind])
+    return (rank.get(n.kind, 14), n.kind, -1 if n.index is None else n.index)
 
 
 def preference(name: str) -> int:
