@@ -3,6 +3,7 @@
     python bench/bench_compare.py                      # 61 layers, hidden 7168, 2048 tokens, bf16 (~1.9 GB)
     python bench/bench_compare.py --tokens 512 --layers 16 --hidden 2048   # quicker
     python bench/bench_compare.py --scaling            # how cost grows with tokens and layers
+    python bench/bench_compare.py --no-naive --before /tmp/head   # + hot compare of another source tree
 
 (a) a plain sequential read of both files (the floor), (b) a naive compare that loads
 everything with torch and computes every slot-by-stream metric, (c) ``consistency compare``
@@ -123,10 +124,20 @@ def _cold(fn, files: list[Path]) -> float:  # noqa: ANN001
     return fn(files)
 
 
-def run_child(args: list[str]) -> tuple[float, float, str]:
-    """Wall seconds, this child's own peak RSS (MB, from wait4), and its stdout."""
+def child_env() -> dict[str, str]:
+    """The children keep compiled bytecode, as an installed package does: this machine's
+    sessions set PYTHONDONTWRITEBYTECODE=1, which would recompile every module of ours on
+    every run (~0.5 G instructions, a third of a small compare's start-up)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env.setdefault("PYTHONPYCACHEPREFIX", str(ROOT / "bench" / "out" / "pycache"))
+    return env
+
+
+def run_child(args: list[str], cwd: Path | None = None) -> tuple[float, float, str]:
+    """Wall seconds, this child's own peak RSS (MB, from wait4), and its stdout; ``cwd``
+    another source tree to run (``python -c`` imports ``consistency`` from there)."""
     t = time.perf_counter()
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env(), cwd=cwd)
     out = proc.stdout.read() if proc.stdout else ""
     err = proc.stderr.read() if proc.stderr else ""
     _pid, status, usage = os.wait4(proc.pid, 0)
@@ -141,7 +152,8 @@ def run_child(args: list[str]) -> tuple[float, float, str]:
 
 def phases(ref: Path, cand: Path, repeat: int) -> dict:
     """In-process ``compare()`` split into its phases (best of ``repeat``, hot cache): building
-    the fingerprints, ranking (identification), neighbour gaps and the full metrics."""
+    the fingerprints, the slots' distances (prefetch), ranking (identification), neighbour gaps
+    and the full metrics."""
     from consistency.compare import engine, identify, stream
     from consistency.dump.reader import open_dump
 
@@ -159,6 +171,7 @@ def phases(ref: Path, cand: Path, repeat: int) -> dict:
         setattr(owner, name, wrapper)
 
     timed(identify.Fingerprints, "__init__", "fingerprints")
+    timed(identify, "prefetch", "prefetch")  # the slots' distances, batched (rank/gap then hit the memo)
     timed(identify, "rank", "rank")
     timed(identify, "neighbour_gap", "gap")
     timed(stream, "measure", "metrics")
@@ -174,7 +187,8 @@ def phases(ref: Path, cand: Path, repeat: int) -> dict:
     return {f"inproc_{k}_s": round(v, 3) for k, v in (best or {}).items()}
 
 
-def measure(out: Path, layers: int, tokens: int, hidden: int, naive: bool, repeat: int) -> dict:
+def measure(out: Path, layers: int, tokens: int, hidden: int, naive: bool, repeat: int,
+            before: Path | None = None) -> dict:
     slots = [3, 31, 59] if layers >= 60 else [min(3, layers), layers // 2, layers - 2]
     ref, cand = build(out, layers, tokens, hidden, slots)
     size = ref.stat().st_size + cand.stat().st_size
@@ -182,6 +196,7 @@ def measure(out: Path, layers: int, tokens: int, hidden: int, naive: bool, repea
     cmd = [sys.executable, "-c", HWM_WRAPPER, "compare", str(ref), str(cand), "--json", str(out / "report.json"),
            "--force", "-q"]
     row = {"layers": layers, "tokens": tokens, "hidden": hidden, "bytes": size}
+    run_child(cmd)  # compiles the bytecode once (not timed)
     for cache in ("cold", "hot"):
         a_runs, c_runs = [], []
         for _ in range(repeat):
@@ -197,6 +212,20 @@ def measure(out: Path, layers: int, tokens: int, hidden: int, naive: bool, repea
         row.update({f"{cache}_a_read_s": round(a, 3), f"{cache}_c_compare_s": round(c, 3),
                     f"{cache}_c_over_a": round(c / a, 2)})
     row["c_peak_rss_mb"] = round(rss, 1)
+    if before is not None:  # the same compare from another source tree, hot, alternating with this one
+        run_child(cmd, before)
+        a_runs, b_runs, c_runs = [], [], []
+        for _ in range(repeat):
+            plain_read(files)
+            a_runs.append(plain_read(files))
+            b_runs.append(run_child(cmd, before))
+            c_runs.append(run_child(cmd))
+        a = min(a_runs)
+        row.update(before_hot_a_read_s=round(a, 3), before_hot_c_compare_s=round(min(r[0] for r in b_runs), 3),
+                   before_hot_c_over_a=round(min(r[0] for r in b_runs) / a, 2),
+                   before_c_peak_rss_mb=round(max(r[1] for r in b_runs), 1),
+                   after_hot_c_compare_s=round(min(r[0] for r in c_runs), 3),
+                   after_hot_c_over_a=round(min(r[0] for r in c_runs) / a, 2))
     rep = json.loads((out / "report.json").read_text())
     row.update(identified=[s["identified_stream"] for s in rep["slots"]], expected_slots=slots)
     help_t = min(run_child([sys.executable, "-m", "consistency", "--help"])[0] for _ in range(3))
@@ -223,6 +252,7 @@ def main() -> None:
     ap.add_argument("--scaling", action="store_true", help="vary tokens and layers at hidden 2048")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--before", type=Path, help="another source tree (holding consistency/): its hot compare too")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []
@@ -230,7 +260,8 @@ def main() -> None:
         for layers, tokens in ((16, 512), (16, 2048), (16, 8192), (32, 2048), (61, 2048)):
             rows.append(measure(args.out, layers, tokens, 2048, False, args.repeat))
     else:
-        rows.append(measure(args.out, args.layers, args.tokens, args.hidden, not args.no_naive, args.repeat))
+        rows.append(measure(args.out, args.layers, args.tokens, args.hidden, not args.no_naive, args.repeat,
+                            args.before))
     report(rows, args.json)
 
 

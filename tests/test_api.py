@@ -17,7 +17,7 @@ from consistency.contract.findings import CompareReport
 from consistency.dump.memory import MemoryDump
 from consistency.errors import InputError, UsageError
 from consistency.record.api import record_reference, record_serving
-from tests.conftest import ROOT, cli, prompt_ids, tiny
+from tests.conftest import ROOT, prompt_ids, run_cli, tiny
 
 FIX = ROOT / "fixtures" / "configs"
 
@@ -108,7 +108,7 @@ def test_api_report_equals_cli_json(tmp_path: Path) -> None:
     ref = record_reference(m, ids, tmp_path / "train.safetensors", [1, 2])
     cand = record_serving(tiny(), ids, tmp_path / "serve.safetensors", [2, 3])
     rep = consistency.compare(ref, cand)
-    r = cli("compare", str(ref), str(cand), "--json", "-")
+    r = run_cli("compare", str(ref), str(cand), "--json", "-")
     assert r.returncode == 1
     data = json.loads(r.stdout)
     assert rep.verdict == data["verdict"] and rep.summary == data["summary"]
@@ -134,7 +134,7 @@ def test_lint_api_matches_cli() -> None:
               target=str(FIX / "targets" / "kimi-k2.5.json"),
               runtime="sglang@0.5.12")
     rep = consistency.lint(**kw)
-    r = cli("lint", "--draft", kw["draft"], "--target", kw["target"], "--runtime", kw["runtime"], "--format", "json")
+    r = run_cli("lint", "--draft", kw["draft"], "--target", kw["target"], "--runtime", kw["runtime"], "--format", "json")
     data = json.loads(r.stdout)
     assert rep.verdict == data["verdict"]
     assert sorted(f.code for f in rep.findings) == sorted(f["code"] for f in data["findings"])

@@ -23,7 +23,7 @@ from consistency.dump.atomic import atomic_write, check_writable, is_report, wri
 from consistency.dump.reader import open_dump
 from consistency.dump.writer import write_dump
 from consistency.errors import InputError, OutputExistsError
-from tests.conftest import ROOT, cli
+from tests.conftest import ROOT, run_cli
 
 # A writer that takes a while: 64 x 4 MiB tensors (256 MiB) through write_dump.
 WRITER = """
@@ -217,7 +217,7 @@ def test_full_tmpfs_through_the_cli(tiny_tmpfs, tmp_path):
     finally:
         os.close(fd)
     report = tiny_tmpfs / "report.json"
-    r = cli("compare", str(good), str(good), "-q", "--json", str(report))
+    r = run_cli("compare", str(good), str(good), "-q", "--json", str(report))
     lines = [x for x in r.stderr.splitlines() if x.strip()]
     assert r.returncode == 2 and lines == [f"consistency: error: {report}: no space left to write "
                                            "(No space left on device); nothing was written"], r.stderr
@@ -228,9 +228,9 @@ def test_existing_outputs_are_never_clobbered_without_force(tmp_path):
     good = write_dump(tmp_path / "g.safetensors", {"hidden.1": np.ones((8, 16), np.float32)})
     report = tmp_path / "r.json"
     report.write_text("mine\n")
-    r = cli("compare", str(good), str(good), "-q", "--json", str(report))
+    r = run_cli("compare", str(good), str(good), "-q", "--json", str(report))
     assert r.returncode == 2 and "output exists; pass --force" in r.stderr and report.read_text() == "mine\n"
-    r = cli("compare", str(good), str(good), "-q", "--json", str(report), "--force")
+    r = run_cli("compare", str(good), str(good), "-q", "--json", str(report), "--force")
     assert r.returncode == 0 and report.read_text().startswith("{")
 
 
@@ -258,12 +258,12 @@ def test_compare_json_reruns_in_a_loop_over_its_own_report(tmp_path):
     good = write_dump(tmp_path / "g.safetensors", {"hidden.1": np.ones((8, 16), np.float32)})
     report = tmp_path / "r.json"
     for _ in range(3):
-        r = cli("compare", str(good), str(good), "-q", "--json", str(report))
+        r = run_cli("compare", str(good), str(good), "-q", "--json", str(report))
         assert r.returncode == 0, r.stderr
         assert json.loads(report.read_text())["verdict"] == "pass"
     for fmt, name in (("json", "l.json"), ("sarif", "l.sarif")):
         for _ in range(2):
-            r = cli("lint", "--runtime", "sglang@0.5.12", "--serve", "python -m sglang.launch_server", "--format", fmt,
+            r = run_cli("lint", "--runtime", "sglang@0.5.12", "--serve", "python -m sglang.launch_server", "--format", fmt,
                     "-o", str(tmp_path / name))
             assert r.returncode in (0, 1), r.stderr
     assert not _temps(report)
@@ -286,7 +286,7 @@ def test_a_dump_is_never_taken_for_a_report(tmp_path):
     d = write_dump(tmp_path / "d.safetensors", {"hidden.1": np.ones((2, 2), np.float32)})
     n = write_dump(tmp_path / "d.npz", {"hidden.1": np.ones((2, 2), np.float32)})
     assert not is_report(d) and not is_report(n)
-    r = cli("compare", str(d), str(d), "-q", "--json", str(n))
+    r = run_cli("compare", str(d), str(d), "-q", "--json", str(n))
     assert r.returncode == 2 and "output exists" in r.stderr
 
 

@@ -10,7 +10,7 @@ import pytest
 from consistency.diagnose.pipeline import run as run_compare
 from consistency.contract.findings import CompareReport
 from consistency.record.api import record_reference, record_serving
-from tests.conftest import cli, prompt_ids, tiny
+from tests.conftest import prompt_ids, run_cli, tiny
 
 
 def _pair(tmp_path, arch, train, serve, dtype="bfloat16", mode="guarded", n_tokens=40):
@@ -103,13 +103,13 @@ def test_plain_np_savez_without_metadata_compares(tmp_path):
 
 def test_cli_exit_codes_and_json_report(tmp_path):
     ref, cand = _pair(tmp_path, "tiny-llama", [0, 3, 7], [3, 7, 10])
-    r = cli("compare", ref, cand, "--json", "-")
+    r = run_cli("compare", ref, cand, "--json", "-")
     assert r.returncode == 1
     rep = CompareReport.model_validate_json(r.stdout)
     assert rep.verdict == "fail" and rep.slots[0].identified_as == "hidden.3"
     for f in json.loads(r.stdout)["findings"]:
         assert {"code", "severity", "tensor", "expected", "identified_as", "message", "metrics"} <= set(f)
-    ok = cli("compare", ref, ref, "-q")
+    ok = run_cli("compare", ref, ref, "-q")
     assert ok.returncode == 0 and ok.stdout.startswith("PASS")
 
 

@@ -34,7 +34,7 @@ from consistency.dump.sets import open_side
 from consistency.errors import InputError, UsageError
 from consistency.record.api import record_serving
 from consistency.record.fused import FusedDecoder
-from tests.conftest import cli, prompt_ids, tiny
+from tests.conftest import cli, cli_batch, prompt_ids, run_cli, tiny
 
 N = 12  # tiny-llama layers
 T = 40
@@ -212,21 +212,37 @@ class _Payload:
         return (Path.touch, (Path(self.marker),))
 
 
-@pytest.mark.parametrize("how", ["zip", "zip.gz", "legacy", "raw-pickle"])
-def test_malicious_ckpt_never_executes(tmp_path, how):
-    marker = tmp_path / "pwned"
-    rec = {"aux_hidden_state": torch.zeros(1, 4, 24), "evil": _Payload(str(marker))}
-    p = tmp_path / ("data_0.ckpt.gz" if how == "zip.gz" else "data_0.ckpt")
-    if how == "zip":
-        torch.save(rec, p)
-    elif how == "zip.gz":
-        with gzip.open(p, "wb") as f:
-            torch.save(rec, f)
-    elif how == "legacy":
-        torch.save(rec, p, _use_new_zipfile_serialization=False)
-    else:
-        p.write_bytes(pickle.dumps(rec))
-    r = cli("compare", str(p), str(p), "--layer-ids", "1,2,3")
+MALICIOUS = ["zip", "zip.gz", "legacy", "raw-pickle"]
+
+
+@pytest.fixture(scope="module")
+def malicious(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Path, object]]:
+    """One hostile SpecForge checkpoint per way of writing one, each aiming at its own marker;
+    ``compare`` runs on all four in one fresh process (never this one), one run per file."""
+    out = {}
+    for how in MALICIOUS:
+        d = tmp_path_factory.mktemp(how)
+        marker = d / "pwned"
+        rec = {"aux_hidden_state": torch.zeros(1, 4, 24), "evil": _Payload(str(marker))}
+        p = d / ("data_0.ckpt.gz" if how == "zip.gz" else "data_0.ckpt")
+        if how == "zip":
+            torch.save(rec, p)
+        elif how == "zip.gz":
+            with gzip.open(p, "wb") as f:
+                torch.save(rec, f)
+        elif how == "legacy":
+            torch.save(rec, p, _use_new_zipfile_serialization=False)
+        else:
+            p.write_bytes(pickle.dumps(rec))
+        out[how] = (p, marker)
+    runs = cli_batch(*(["compare", str(p), str(p), "--layer-ids", "1,2,3"] for p, _m in out.values()))
+    return {how: (p, marker, r) for (how, (p, marker)), r in zip(out.items(), runs, strict=True)}
+
+
+@pytest.mark.parametrize("how", MALICIOUS)
+def test_malicious_ckpt_never_executes(malicious, how):
+    p, marker, r = malicious[how]
+    assert not marker.exists()  # the CLI run (another process) never ran the payload
     assert r.returncode == 2, r.stderr
     lines = [x for x in r.stderr.splitlines() if x.strip()]
     assert len(lines) == 1 and "data_0.ckpt" in lines[0] and "weights_only" in lines[0], r.stderr
@@ -283,7 +299,7 @@ def test_layer_id_count_and_convention_errors(tmp_path):
         open_side(p, [2, 6, 9], "no-such-runtime")
     with pytest.raises(UsageError, match="number of layers"):
         open_side(p, [2, 6, -1], "trtllm")  # -1 means N: the file does not say N
-    r = cli("compare", str(p), str(p), "--layer-ids", "2,6")
+    r = run_cli("compare", str(p), str(p), "--layer-ids", "2,6")
     assert r.returncode == 2 and "hs_0.safetensors" in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
 
@@ -292,26 +308,27 @@ def test_layer_id_count_and_convention_errors(tmp_path):
 def test_convert_then_compare_gives_the_same_verdict(tmp_path):
     hs = write_hs(tmp_path / "hs_0.safetensors", [9, 10, 11, N])
     out = tmp_path / "train.safetensors"
+    # a real process for convert's console-script path; the rest through the same entry in this one
     r = cli("convert", str(hs), "-o", str(out), "--layer-ids", f"9,10,11,{N}", "--convention", "speculators")
     assert r.returncode == 0, r.stderr
     with open_dump(out) as d:
         assert d.metadata.aux.stream_ids == [9, 10, 11] and f"hidden.{N}" in d.tensors
         assert d.metadata.extra["source"]["format"] == "speculators"
     off = serving(tmp_path / "sglang.safetensors", [10, 11, 12], "sglang@0.5.5", [9, 10, 11])
-    r = cli("compare", str(out), str(off))
+    r = run_cli("compare", str(out), str(off))
     assert r.returncode == 1 and "LAYER_OFFSET" in r.stdout
-    r = cli("compare", str(hs), str(off), "--layer-ids", f"9,10,11,{N}", "--convention", "speculators")
+    r = run_cli("compare", str(hs), str(off), "--layer-ids", f"9,10,11,{N}", "--convention", "speculators")
     assert r.returncode == 1 and "LAYER_OFFSET" in r.stdout
     before = out.read_bytes()
-    r = cli("convert", str(hs), "-o", str(out))
+    r = run_cli("convert", str(hs), "-o", str(out))
     assert r.returncode == 2 and "--force" in r.stderr and out.read_bytes() == before
-    assert cli("convert", str(hs), "-o", str(out), "--force").returncode == 0
+    assert run_cli("convert", str(hs), "-o", str(out), "--force").returncode == 0
 
 
 def test_convert_specforge_to_npz(tmp_path):
     p = write_specforge(tmp_path / "data_3.ckpt.gz", specforge_record([1, 5, 8]), True)
     out = tmp_path / "train.npz"
-    r = cli("convert", str(p), "-o", str(out), "--layer-ids", "1,5,8")
+    r = run_cli("convert", str(p), "-o", str(out), "--layer-ids", "1,5,8")
     assert r.returncode == 0, r.stderr
     with open_dump(out) as d, open_side(p, [1, 5, 8]) as src:
         assert d.metadata.aux.stream_ids == [2, 6, 9] and d["aux.0"].dtype == "bfloat16"

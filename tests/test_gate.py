@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import cli
+from conftest import cli, run_cli
 from consistency.contract.models import AuxInfo, DumpMetadata, ModelInfo
 from consistency.dump.writer import write_dump
 from consistency.gate.config import load
@@ -113,7 +113,7 @@ def test_gate_reports_every_format(tmp_path: Path) -> None:
 
 def test_gate_passes_with_exit_0_and_runs_from_any_directory(tmp_path: Path) -> None:
     cfg = project(tmp_path, COMPARE.format(name="same", cand="same"))
-    r = cli("gate", "--config", str(cfg), "--only", "kimi-fixed", "--only", "compare/same", "--json", "-",
+    r = run_cli("gate", "--config", str(cfg), "--only", "kimi-fixed", "--only", "compare/same", "--json", "-",
             cwd=Path("/"))
     assert r.returncode == 0, r.stdout + r.stderr
     rep = json.loads(r.stdout)
@@ -122,7 +122,7 @@ def test_gate_passes_with_exit_0_and_runs_from_any_directory(tmp_path: Path) -> 
 
 def test_unreadable_input_is_an_error_check_and_the_rest_still_runs(tmp_path: Path) -> None:
     cfg = project(tmp_path, COMPARE.format(name="gone", cand="missing"))
-    r = cli("gate", "--config", str(cfg), "--json", "-")
+    r = run_cli("gate", "--config", str(cfg), "--json", "-")
     assert r.returncode == 2
     rep = json.loads(r.stdout)
     gone = next(c for c in rep["checks"] if c["name"] == "gone")
@@ -139,14 +139,14 @@ def test_unreadable_input_is_an_error_check_and_the_rest_still_runs(tmp_path: Pa
 ])
 def test_bad_config_exits_2_with_one_line(tmp_path: Path, text: str, needle: str) -> None:
     (tmp_path / "consistency.toml").write_text(text)
-    r = cli("gate", "--config", str(tmp_path / "consistency.toml"))
+    r = run_cli("gate", "--config", str(tmp_path / "consistency.toml"))
     assert r.returncode == 2 and needle in r.stderr and r.stderr.count("\n") == 1, r.stderr
 
 
 def test_outputs_are_not_clobbered_without_force(tmp_path: Path) -> None:
     cfg = project(tmp_path)
     (tmp_path / "j.xml").write_text("keep")
-    r = cli("gate", "--config", str(cfg), "--junit", str(tmp_path / "j.xml"))
+    r = run_cli("gate", "--config", str(cfg), "--junit", str(tmp_path / "j.xml"))
     assert r.returncode == 2 and (tmp_path / "j.xml").read_text() == "keep"
 
 
@@ -194,7 +194,7 @@ def test_replay_hook_contract(tmp_path: Path) -> None:
 def test_github_actions_environment_turns_on_annotations_and_summary(tmp_path: Path) -> None:
     cfg = project(tmp_path, COMPARE.format(name="shifted", cand="shifted"))
     summary = tmp_path / "step-summary.md"
-    r = cli("gate", "--config", "consistency.toml", "--kind", "lint", cwd=tmp_path,
+    r = run_cli("gate", "--config", "consistency.toml", "--kind", "lint", cwd=tmp_path,
             env={"GITHUB_ACTIONS": "true", "GITHUB_STEP_SUMMARY": str(summary)})
     assert r.returncode == 1
     errors = [line for line in r.stdout.splitlines() if line.startswith("::error ")]
@@ -220,7 +220,7 @@ def test_gate_section_from_the_config_is_validated(tmp_path: Path, text: str, ne
     proj.mkdir()
     cfg = project(proj)
     cfg.write_text(cfg.read_text().replace('[gate]\nfail_on = "error"\n', f"[gate]\n{text}\n"))
-    r = cli("gate", "--config", str(cfg))
+    r = run_cli("gate", "--config", str(cfg))
     assert r.returncode == 2 and needle in r.stderr and r.stderr.count("\n") == 1, r.stderr
     assert "Traceback" not in r.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["proj"]  # nothing written outside
@@ -234,7 +234,7 @@ def test_gate_section_from_the_config_is_validated(tmp_path: Path, text: str, ne
 ])
 def test_wrong_value_types_in_checks_are_one_line_errors(tmp_path: Path, entry: str, needle: str) -> None:
     cfg = project(tmp_path, COMPARE.format(name="same", cand="same") + entry + "\n")
-    r = cli("gate", "--config", str(cfg))
+    r = run_cli("gate", "--config", str(cfg))
     assert r.returncode == 2 and needle in r.stderr and r.stderr.count("\n") == 1, r.stderr
 
 
@@ -245,12 +245,12 @@ def test_a_symlinked_directory_does_not_carry_outputs_outside(tmp_path: Path) ->
     (proj / "reports").symlink_to(outside, target_is_directory=True)
     cfg = project(proj)
     cfg.write_text(cfg.read_text().replace("[gate]\n", '[gate]\njson = "reports/gate.json"\n'))
-    r = cli("gate", "--config", str(cfg))
+    r = run_cli("gate", "--config", str(cfg))
     assert r.returncode == 2 and "outside the config's directory" in r.stderr
     assert not list(outside.iterdir())
     # the command line is the runner's own choice: it may write anywhere
     cfg.write_text(cfg.read_text().replace('json = "reports/gate.json"\n', ""))
-    r = cli("gate", "--config", str(cfg), "--json", str(outside / "gate.json"), "--only", "kimi-fixed")
+    r = run_cli("gate", "--config", str(cfg), "--json", str(outside / "gate.json"), "--only", "kimi-fixed")
     assert r.returncode == 0, r.stderr
     assert json.loads((outside / "gate.json").read_text())["verdict"] == "pass"
 
@@ -259,9 +259,9 @@ def test_outputs_inside_the_config_tree_are_written_there(tmp_path: Path) -> Non
     cfg = project(tmp_path)
     (tmp_path / "reports").mkdir()
     cfg.write_text(cfg.read_text().replace("[gate]\n", '[gate]\njson = "reports/gate.json"\njunit = "j.xml"\n'))
-    r = cli("gate", "--config", "consistency.toml", "--only", "kimi-fixed", cwd=Path("/"))
+    r = run_cli("gate", "--config", "consistency.toml", "--only", "kimi-fixed", cwd=Path("/"))
     assert r.returncode == 2, r.stderr  # relative to the config, not the cwd: / holds no consistency.toml
-    r = cli("gate", "--config", str(cfg), "--only", "kimi-fixed", cwd=Path("/"))
+    r = run_cli("gate", "--config", str(cfg), "--only", "kimi-fixed", cwd=Path("/"))
     assert r.returncode == 0, r.stderr
     assert json.loads((tmp_path / "reports" / "gate.json").read_text())["verdict"] == "pass"
     ET.parse(tmp_path / "j.xml")
@@ -275,7 +275,7 @@ def test_a_fifo_or_device_is_refused_as_an_output(tmp_path: Path, option: str) -
     fifo = tmp_path / "out.fifo"
     os.mkfifo(fifo)
     for target in (fifo, Path("/dev/null")):
-        r = cli("gate", "--config", str(cfg), option, str(target), "--only", "kimi-fixed", "--force")
+        r = run_cli("gate", "--config", str(cfg), option, str(target), "--only", "kimi-fixed", "--force")
         assert r.returncode == 2 and "not a regular file" in r.stderr and r.stderr.count("\n") == 1, r.stderr
     assert fifo.exists() and not fifo.is_file()
 
@@ -283,12 +283,12 @@ def test_a_fifo_or_device_is_refused_as_an_output(tmp_path: Path, option: str) -
 def test_reports_are_rewritten_in_a_loop_but_a_dump_never(tmp_path: Path) -> None:
     cfg = project(tmp_path)
     for _ in range(2):  # a previous report of ours is an output, not data
-        r = cli("gate", "--config", str(cfg), "--only", "kimi-fixed", "--json", str(tmp_path / "g.json"),
+        r = run_cli("gate", "--config", str(cfg), "--only", "kimi-fixed", "--json", str(tmp_path / "g.json"),
                 "--junit", str(tmp_path / "g.xml"), "--sarif", str(tmp_path / "g.sarif"))
         assert r.returncode == 0, r.stderr
     dump = tmp_path / "dumps" / "same.safetensors"
     before = dump.read_bytes()
-    r = cli("gate", "--config", str(cfg), "--only", "kimi-fixed", "--json", str(dump))
+    r = run_cli("gate", "--config", str(cfg), "--only", "kimi-fixed", "--json", str(dump))
     assert r.returncode == 2 and "output exists" in r.stderr and dump.read_bytes() == before
 
 
@@ -349,7 +349,7 @@ def test_a_gate_where_everything_was_skipped_is_not_a_pass(tmp_path: Path) -> No
 
 def test_quiet_prints_the_verdict_line_only_and_counts_read_as_english(tmp_path: Path) -> None:
     cfg = project(tmp_path)
-    r = cli("gate", "--config", str(cfg), "--only", "kimi-fixed", "-q")
+    r = run_cli("gate", "--config", str(cfg), "--only", "kimi-fixed", "-q")
     assert r.returncode == 0 and r.stdout.splitlines() == ["PASS  1 check: 1 passed, 0 failed, 0 errored, 0 skipped"]
-    r = cli("gate", "--config", str(cfg), "--quiet")
+    r = run_cli("gate", "--config", str(cfg), "--quiet")
     assert r.returncode == 1 and len(r.stdout.splitlines()) == 1 and r.stdout.startswith("FAIL  2 checks: ")

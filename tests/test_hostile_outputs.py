@@ -3,11 +3,14 @@
 Tensor names, metadata values, file names, check names and serve commands are written by
 whoever wrote the file (or the repository under test). Each is planted in real dump files
 (safetensors header names and ``__metadata__``), a real gate config and a real serve
-command, then compare, inspect, lint and gate run as a CI job would run them; every output
-is checked to be inert: no terminal control sequence, no line a GitHub runner would read as
-a workflow command, no rich markup interpreted (``[/]`` must not crash, ``[link=...]`` must
-not become a hyperlink), well-formed XML, escaped Markdown and HTML, percent-encoded URIs,
-and PNG titles that matplotlib does not parse as mathtext.
+command, then compare, inspect, lint and gate run as a CI job would run them (the console
+script's own function in this process, stdout and stderr captured as a pipe would see them;
+the text/JSON/HTML/PNG compare as a real ``python -m consistency`` process, so nothing written
+below Python escapes the check); every output is checked to be inert: no terminal control
+sequence, no line a GitHub runner would read as a workflow command, no rich markup
+interpreted (``[/]`` must not crash, ``[link=...]`` must not become a hyperlink), well-formed
+XML, escaped Markdown and HTML, percent-encoded URIs, and PNG titles that matplotlib does not
+parse as mathtext.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import cli
+from conftest import cli, run_cli
 from consistency.contract.models import AuxInfo, DumpMetadata, ModelInfo, RuntimeInfo, TensorMeta
 from consistency.report import escape as esc
 
@@ -120,15 +123,15 @@ def test_compare_run_twice_into_the_same_reports(corpus: tuple[Path, Path, Path]
     out = d / "loop"
     out.mkdir(exist_ok=True)
     for _ in range(2):
-        r = cli("compare", str(rp), str(cp), "-q", "--json", str(out / "r.json"), "--html", str(out / "r.html"))
+        r = run_cli("compare", str(rp), str(cp), "-q", "--json", str(out / "r.json"), "--html", str(out / "r.html"))
         assert r.returncode == 1, r.stderr
-    r = cli("compare", str(rp), str(cp), "-q", "--json", str(rp))
+    r = run_cli("compare", str(rp), str(cp), "-q", "--json", str(rp))
     assert r.returncode == 2 and "output exists" in r.stderr  # a dump is data: never replaced without --force
 
 
 def test_inspect_is_inert(corpus: tuple[Path, Path, Path]) -> None:
     d, rp, cp = corpus
-    r = cli("inspect", str(cp))
+    r = run_cli("inspect", str(cp))
     assert r.returncode == 0, r.stderr
     _inert(r.stdout + r.stderr)
     assert "[bold red]x[/bold red]" in r.stdout  # markup shown, not applied
@@ -137,7 +140,7 @@ def test_inspect_is_inert(corpus: tuple[Path, Path, Path]) -> None:
 def test_an_error_naming_a_hostile_file_is_one_inert_line(corpus: tuple[Path, Path, Path]) -> None:
     d, rp, cp = corpus
     bad = d / ("gone\x1b[2J\n::error::forged-by-path.safetensors")
-    r = cli("compare", str(rp), str(bad))
+    r = run_cli("compare", str(rp), str(bad))
     assert r.returncode == 2 and r.stderr.count("\n") == 1
     _inert(r.stderr)
 
@@ -150,7 +153,7 @@ def test_lint_serve_command_and_file_names_are_inert(tmp_path: Path) -> None:
     serve = ("python -m sglang.launch_server --speculative-algorithm EAGLE3 --model [link=https://e.x]m[/link] "
              "--served-model-name \x1b[31m::error::forged-by-serve\x07")
     for fmt in ("text", "json", "sarif"):
-        r = cli("lint", "--draft", str(draft), "--serve", serve, "--runtime", "sglang@0.5.12", "--format", fmt)
+        r = run_cli("lint", "--draft", str(draft), "--serve", serve, "--runtime", "sglang@0.5.12", "--format", fmt)
         assert r.returncode in (0, 1), r.stderr
         _inert(r.stderr)
         if fmt == "text":
@@ -185,8 +188,8 @@ def test_gate_text_annotations_junit_sarif_summary_are_inert(corpus: tuple[Path,
         f"[[compare]]\nname = \"gone\"\nreference = \"dumps/ref.safetensors\"\n"
         f"candidate = {json.dumps('dumps/gone' + chr(27) + '[2J' + chr(7) + chr(0x9b) + ' ::error::p.safetensors')}\n")
     summary = tmp_path / "summary.md"
-    r = cli("gate", "--config", str(cfg), "--junit", str(tmp_path / "j.xml"), "--sarif", str(tmp_path / "g.sarif"),
-            "--json", str(tmp_path / "g.json"), env={"GITHUB_ACTIONS": "true", "GITHUB_STEP_SUMMARY": str(summary)})
+    r = run_cli("gate", "--config", str(cfg), "--junit", str(tmp_path / "j.xml"), "--sarif", str(tmp_path / "g.sarif"),
+                "--json", str(tmp_path / "g.json"), env={"GITHUB_ACTIONS": "true", "GITHUB_STEP_SUMMARY": str(summary)})
     assert r.returncode == 2, r.stderr  # the "gone" check cannot read its input; the others still ran
     rep = json.loads((tmp_path / "g.json").read_text())
     assert {c["verdict"] for c in rep["checks"]} == {"fail", "error"}
@@ -256,10 +259,11 @@ def test_replay_text_with_hostile_file_names_is_inert(tmp_path: Path) -> None:
     train, serve = d / "t\x1b[31m\x07::error::r.safetensors", d / "s\n::error::c\x9b.safetensors"
     for out, extra in ((train, ["--aux-layers", "0,3,7"]),
                        (serve, ["--aux-layers", "2,6,9", "--style", "serving", "--convention", "sglang@0.5.5"])):
-        r = cli("record", "--model", "tiny-llama", "--prompt", "a hostile path is still a path", *extra, "-o", str(out))
+        r = run_cli("record", "--model", "tiny-llama", "--prompt", "a hostile path is still a path", *extra,
+                    "-o", str(out))
         assert r.returncode == 0, r.stderr
         _inert(r.stdout + r.stderr)
-    r = cli("replay", "--draft", "tiny-llama-eagle3", "--target", "tiny-llama", str(train), str(serve))
+    r = run_cli("replay", "--draft", "tiny-llama-eagle3", "--target", "tiny-llama", str(train), str(serve))
     assert r.returncode == 1, r.stderr  # the shifted serving side loses acceptance
     _inert(r.stdout)
     _inert(r.stderr)

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import cli
+from conftest import cli, run_cli
 from consistency.contract.models import AuxContract, AuxInfo, DumpMetadata, ModelInfo, SlotSpec
 from consistency.dump.writer import write_dump
 from test_lint_support import FIX, Scenario, codes, eagle3_tensors, sglang_config, status, write_checkpoint
@@ -40,7 +40,7 @@ def kimi_draft(tmp: Path, fixture: str) -> Path:
 
 
 def _json(*args: str) -> tuple[int, dict]:
-    r = cli("lint", *args, "--format", "json")
+    r = run_cli("lint", *args, "--format", "json")
     assert r.returncode in (0, 1), r.stderr
     return r.returncode, json.loads(r.stdout)
 
@@ -219,7 +219,7 @@ def test_trained_with_framework_ids(spec: str, streams: list[int]) -> None:
     ([], "nothing to lint"),
 ])
 def test_bad_usage_exits_2_with_one_line(args: list[str], needle: str) -> None:
-    r = cli("lint", *args)
+    r = run_cli("lint", *args)
     assert r.returncode == 2 and needle in r.stderr and r.stderr.count("\n") == 1, r.stderr
 
 
@@ -227,15 +227,15 @@ def test_corrupt_inputs_exit_2_naming_the_file(tmp_path: Path) -> None:
     d = tmp_path / "d"
     d.mkdir()
     (d / "config.json").write_text("{not json")
-    r = cli("lint", "--draft", str(d))
+    r = run_cli("lint", "--draft", str(d))
     assert r.returncode == 2 and str(d / "config.json") in r.stderr and "not valid JSON" in r.stderr
     (d / "config.json").write_text(json.dumps(sglang_config(ids=None) | {"eagle_config": {
         "eagle_aux_hidden_state_layer_ids": "2,30,58"}}))
-    r = cli("lint", "--draft", str(d))
+    r = run_cli("lint", "--draft", str(d))
     assert r.returncode == 2 and "must be a list of integers" in r.stderr
     (d / "config.json").write_text(json.dumps(sglang_config()))
     (d / "model.safetensors").write_bytes(b"\xff" * 8 + b"{}")
-    r = cli("lint", "--draft", str(d))
+    r = run_cli("lint", "--draft", str(d))
     assert r.returncode == 2 and "model.safetensors" in r.stderr and r.stderr.count("\n") == 1
 
 
@@ -256,7 +256,7 @@ def test_sharded_checkpoint_and_index(tmp_path: Path) -> None:
     assert status(rep, "VOC003") == "pass" and status(rep, "SHP002") == "pass"
     wm["ghost.weight"] = wm[names[0]]
     (d / "model.safetensors.index.json").write_text(json.dumps({"weight_map": wm}))
-    r = cli("lint", "--draft", str(d))
+    r = run_cli("lint", "--draft", str(d))
     assert r.returncode == 2 and "ghost.weight" in r.stderr
 
 
@@ -273,7 +273,7 @@ def test_pickle_only_checkpoint_is_never_unpickled(tmp_path: Path) -> None:
 # -- output formats --------------------------------------------------------------------------
 
 def test_sarif_output_points_at_the_config_line(tmp_path: Path) -> None:
-    r = cli("lint", "--draft", str(FIX / "drafts" / "sglang" / "kimi-k2.5-eagle3-seed.json"), "--target", str(KIMI),
+    r = run_cli("lint", "--draft", str(FIX / "drafts" / "sglang" / "kimi-k2.5-eagle3-seed.json"), "--target", str(KIMI),
             "--runtime", "sglang@0.5.12", "--trained-with", "stream:0,3,31", "--format", "sarif")
     assert r.returncode == 1
     log = json.loads(r.stdout)
@@ -293,14 +293,15 @@ def test_output_file_is_not_clobbered_without_force(tmp_path: Path) -> None:
     out = tmp_path / "lint.json"
     out.write_text("keep")
     args = ["lint", "--target", str(KIMI), "--trained-with", "stream:0,3,31", "--format", "json", "-o", str(out)]
-    r = cli(*args)
+    r = run_cli(*args)
     assert r.returncode == 2 and out.read_text() == "keep"
-    r = cli(*args, "--force")
+    r = run_cli(*args, "--force")
     rep = json.loads(out.read_text())  # nothing but a target and training ids: no rule can run
     assert r.returncode == 1 and rep["kind"] == "lint" and rep["verdict"] == "not_evaluated"
 
 
 def test_text_report_shows_slots_and_fix(tmp_path: Path) -> None:
+    """Through the console script in a real process (the other lint runs here are in-process)."""
     r = cli("lint", "--draft", str(FIX / "drafts" / "sglang" / "kimi-k2.5-eagle3-seed.json"), "--target", str(KIMI),
             "--runtime", "sglang@0.5.12", "--trained-with", "stream:0,3,31")
     assert r.returncode == 1

@@ -38,6 +38,12 @@ def _ids(t: int = 20) -> torch.Tensor:
     return torch.as_tensor(prompt_ids(tiny("tiny-llama"), t))
 
 
+# _ids() for a child process, without importing this module (and the compare pipeline it
+# imports: ~3 CPU-s of a child's ~8)
+CHILD_IDS = ("from tests.conftest import prompt_ids, tiny;"
+             "_ids = lambda t=20: torch.as_tensor(prompt_ids(tiny('tiny-llama'), t));")
+
+
 def _record(model: InnerModel, path: Path, *inputs: torch.Tensor) -> dict[str, tuple[np.ndarray, str]]:
     with Recorder(path) as rec:
         for ids in inputs:
@@ -101,7 +107,7 @@ def test_env_activated_patch_writes_the_first_matching_forward(tmp_path):
     """A server process: the patched model file runs; the dump appears only with the variable,
     as soon as the next forward starts (os._exit: no atexit, like a server that is killed)."""
     out = tmp_path / "serve.safetensors"
-    code = ("import os, torch; from tests.test_patch_models import InnerModel, run; from tests.test_patch import _ids;"
+    code = ("import os, torch; from tests.test_patch_models import InnerModel, run;" + CHILD_IDS +
             "m = InnerModel('sglang-classic-llama', True, [2, 6, 9]); run(m, _ids(7)); run(m, _ids());"
             "run(m, _ids()); run(m, _ids(1)); os._exit(0)")
     root = Path(__file__).resolve().parents[1]
@@ -166,7 +172,7 @@ def test_autopatch_records_a_process_nobody_edited(tmp_path):
     root = Path(__file__).resolve().parents[1]
     site = subprocess.run([sys.executable, "-m", "consistency.record.autopatch"], capture_output=True, text=True,
                           check=True, cwd=root).stdout.strip()
-    code = ("import sitecustomize, torch; from tests.test_patch_models import InnerModel, run; from tests.test_patch import _ids;"
+    code = ("import sitecustomize, torch; from tests.test_patch_models import InnerModel, run;" + CHILD_IDS +
             "m = InnerModel('vllm-llama', False, [0, 6, 9, 12]); run(m, _ids(3)); run(m, _ids());"
             "print(hasattr(type(m).__init__, '__wrapped__'), sitecustomize.__file__)")
     env = {k: v for k, v in os.environ.items() if not k.startswith("CONSISTENCY_")}

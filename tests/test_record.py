@@ -115,7 +115,11 @@ def test_env_activated_capture_writes_at_exit(tmp_path):
         assert d["aux.0"].read_all().tolist() == [[0, 1, 2], [3, 4, 5]]
     env.pop("CONSISTENCY_RECORD")
     out.unlink()
-    subprocess.run([sys.executable, "-c", code], check=True, env=env)
+    # without the variable nothing is written (torch tensors or not: capture is inert before
+    # it looks at the tensor, test_capture_is_inert_without_a_recorder_or_env)
+    inert = ("import numpy as np; from consistency.record import capture;"
+             "capture('aux.0', np.arange(6.0).reshape(2, 3))")
+    subprocess.run([sys.executable, "-c", inert], check=True, env=env)
     assert not out.exists()
 
 
@@ -153,8 +157,11 @@ def test_rank_aware_file_names_under_torch_distributed(tmp_path):
 
 # --- the environment recorder never loses a recording (issue 15) ---
 
-ENV_CODE = ("import torch; from consistency.record import capture;"
-            "capture('aux.0', torch.full((2, 3), {v}.)); print('captured', flush=True)")
+# numpy tensors: these children test the recorder's files, not torch, and a child that never
+# imports torch starts in ~0.5 CPU-s instead of 3-6 (torch tensors at exit:
+# test_env_activated_capture_writes_at_exit; under torch.distributed: the rank test).
+ENV_CODE = ("import numpy as np; from consistency.record import capture;"
+            "capture('aux.0', np.full((2, 3), {v}, np.float32)); print('captured', flush=True)")
 
 
 def _env_run(out, v: float, **extra: str) -> subprocess.CompletedProcess:
@@ -221,8 +228,8 @@ def test_env_recorder_past_a_file_size_limit_says_what_was_lost_in_one_line(tmp_
     def limit() -> None:
         resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))  # Python ignores SIGXFSZ: writes get EFBIG
 
-    code = ("import torch; from consistency.record import capture;"
-            "capture('aux.0', torch.ones(64, 1024))")
+    code = ("import numpy as np; from consistency.record import capture;"
+            "capture('aux.0', np.ones((64, 1024), np.float32))")
     env = dict(os.environ, CONSISTENCY_RECORD=str(tmp_path / "big.safetensors"), TMPDIR=str(tmp_path))
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, preexec_fn=limit,
                        timeout=300)
@@ -231,3 +238,15 @@ def test_env_recorder_past_a_file_size_limit_says_what_was_lost_in_one_line(tmp_
     assert len(lines) == 1 and "could not write the recording (1 tensors, 0.3 MB)" in lines[0]
     assert "no space left" in lines[0]
     assert list(tmp_path.iterdir()) == []  # no truncated file under any name, temporary ones removed
+
+
+def test_env_recorder_of_numpy_tensors_never_imports_torch(tmp_path):
+    """A numpy-only process pays no torch import for the recorder (rank detection included)."""
+    out = tmp_path / "np.safetensors"
+    # registered before the first capture, so it runs after the recorder's flush at exit (LIFO)
+    code = "import atexit, sys; atexit.register(lambda: print('torch' in sys.modules)); " + ENV_CODE.format(v=9)
+    env = {k: v for k, v in os.environ.items() if k != "CONSISTENCY_FORCE"}
+    env.update(CONSISTENCY_RECORD=str(out))
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    assert r.stdout == "captured\nFalse\n" and _value(out) == 9.0

@@ -26,7 +26,7 @@ from consistency.record.api import record_reference, record_serving
 from consistency.replay.api import replay_check
 from consistency.replay.engine import run_replay, score
 from consistency.replay.report import ReplayReport
-from tests.conftest import ROOT, cli
+from tests.conftest import ROOT, cli, run_cli
 
 sys.path.insert(0, str(ROOT / "fixtures"))
 import train_draft as TD  # noqa: E402
@@ -159,17 +159,18 @@ def test_gate_runs_a_replay_check(dumps: dict[str, Path], tmp_path: Path) -> Non
 @pytest.mark.slow
 def test_cli_exit_codes_and_json(dumps: dict[str, Path], tmp_path: Path) -> None:
     base = ["replay", "--draft", str(_draft()), "--target", str(dumps["target_dir"]), "--steps", "3"]
-    r = cli(*base, str(dumps["ref"]), str(dumps["shifted"]), "--json", "-")
+    r = run_cli(*base, str(dumps["ref"]), str(dumps["shifted"]), "--json", "-")  # the console script's function
     assert r.returncode == 1, r.stderr
     rep = ReplayReport.model_validate_json(r.stdout)
     assert rep.kind == "replay" and rep.verdict == "fail" and rep.draft.sources["embed_tokens"] == "draft"
     (tmp_path / "r.json").write_text("keep")
-    r = cli(*base, str(dumps["ref"]), str(dumps["benign"]), "--json", str(tmp_path / "r.json"))
+    r = run_cli(*base, str(dumps["ref"]), str(dumps["benign"]), "--json", str(tmp_path / "r.json"))
     assert r.returncode == 2 and "exists" in r.stderr and (tmp_path / "r.json").read_text() == "keep"
-    r = cli(*base, str(dumps["ref"]), str(dumps["benign"]), "--json", str(tmp_path / "r.json"), "--force")
+    r = run_cli(*base, str(dumps["ref"]), str(dumps["benign"]), "--json", str(tmp_path / "r.json"), "--force")
     assert r.returncode == 0, r.stderr
     assert "PASS" in r.stdout and "acceptance rate" in r.stdout
     assert json.loads((tmp_path / "r.json").read_text())["verdict"] == "pass"
+    # a real process for the console-script path: "one line" counts whatever reaches fd 2
     r = cli(*base, str(dumps["ref"]), str(tmp_path / "missing.safetensors"))
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "missing.safetensors" in r.stderr, r.stderr
 

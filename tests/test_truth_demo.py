@@ -14,7 +14,7 @@ from consistency.errors import UsageError
 from consistency.lint.engine import LintRequest, run_lint
 from consistency.record.models import builtin_config
 from test_lint_support import eagle3_tensors, sglang_config, status, write_checkpoint
-from tests.conftest import cli
+from tests.conftest import run_cli
 
 
 def _lint(tmp: Path, ids: list[int], runtime: str):  # noqa: ANN202 - LintReport
@@ -59,14 +59,14 @@ def test_demo_out_follows_the_no_clobber_rule(tmp_path: Path) -> None:
     out = tmp_path / "demo"
     out.mkdir()
     (out / "train.safetensors").write_bytes(b"someone's recording")
-    r = cli("demo", "--out", str(out), "--no-replay")
+    r = run_cli("demo", "--out", str(out), "--no-replay")
     assert r.returncode == 2 and "exists" in r.stderr and r.stderr.count("\n") == 1, r.stderr
     assert (out / "train.safetensors").read_bytes() == b"someone's recording"
     (out / "replay.json").write_text("notes, not a report")
-    r = cli("demo", "--out", str(out), "--no-replay", "--force", "--json", str(out / "report.json"))
+    r = run_cli("demo", "--out", str(out), "--no-replay", "--force", "--json", str(out / "report.json"))
     assert r.returncode == 0, r.stderr
     assert (out / "train.safetensors").read_bytes()[:8] != b"someone'"
     assert json.loads((out / "report.json").read_text())["verdict"] == "fail"
     (out / "mine.json").write_text("{}")
-    r = cli("demo", "--out", str(tmp_path / "fresh"), "--no-replay", "--fixed", "--json", str(out / "mine.json"))
+    r = run_cli("demo", "--out", str(tmp_path / "fresh"), "--no-replay", "--fixed", "--json", str(out / "mine.json"))
     assert r.returncode == 2 and (out / "mine.json").read_text() == "{}"  # not a report: kept

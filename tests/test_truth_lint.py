@@ -20,7 +20,7 @@ from consistency.lint.rules.parallel import pp_partition
 from consistency.lint.serve import parse_serve
 from test_lint_support import FIX, Scenario, eagle3_tensors, llama_target, speculators_config, status, \
     write_checkpoint
-from tests.conftest import cli
+from tests.conftest import run_cli
 
 KIMI = FIX / "targets" / "kimi-k2.5.json"
 LLAMA = FIX / "targets" / "llama-3.1-8b-instruct.json"
@@ -30,12 +30,12 @@ SPECULATORS = FIX / "drafts" / "speculators" / "llama3.1-8b-eagle3"
 # -- 1. nothing evaluated is not a pass; swapped inputs are recognised ---------------------
 
 def test_target_alone_is_not_evaluated_and_exits_1() -> None:
-    r = cli("lint", "--target", str(KIMI), "--format", "json")
+    r = run_cli("lint", "--target", str(KIMI), "--format", "json")
     rep = json.loads(r.stdout)
     assert r.returncode == 1 and rep["verdict"] == "not_evaluated", r.stderr
     assert {x["status"] for x in rep["rules"]} == {"not_evaluated"}
     assert "nothing was checked" in rep["summary"]
-    r = cli("lint", "--target", str(KIMI), "-q")
+    r = run_cli("lint", "--target", str(KIMI), "-q")
     assert r.returncode == 1 and r.stdout.startswith("NOT_EVALUATED")
 
 
@@ -54,7 +54,7 @@ def test_draft_given_as_target_is_named(tmp_path: Path) -> None:
         run_lint(LintRequest(draft=str(LLAMA), target=p["draft"]))
     with pytest.raises(UsageError, match="speculators_config"):
         run_lint(LintRequest(target=str(SPECULATORS)))
-    r = cli("lint", "--draft", str(LLAMA), "--target", p["draft"])
+    r = run_cli("lint", "--draft", str(LLAMA), "--target", p["draft"])
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "swap" in r.stderr, r.stderr
 
 
@@ -179,7 +179,7 @@ def test_dp_attention_is_a_note_unless_recording(tmp_path: Path) -> None:
 def test_bad_runtime_versions_are_usage_errors(runtime: str, msg: str) -> None:
     with pytest.raises(UsageError, match=msg):
         run_lint(LintRequest(target=str(LLAMA), runtime=runtime))
-    r = cli("lint", "--target", str(LLAMA), "--runtime", runtime)
+    r = run_cli("lint", "--target", str(LLAMA), "--runtime", runtime)
     assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
 
 

@@ -14,9 +14,10 @@ import pytest
 from consistency.cli.record_cmd import read_input_ids
 from consistency.dump.reader import open_dump
 from consistency.errors import InputError
-from tests.conftest import ROOT, cli
+from tests.conftest import ROOT, cli, run_cli
 
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+TINY_GGUF = "tiny-smollm2-tokenizer.Q4_1.gguf"
 PROMPT = "Why do draft models need the target's hidden states?"
 
 
@@ -30,20 +31,104 @@ def _smollm2() -> Path:
     return d
 
 
+def write_tiny_gguf(src: Path, dst: Path, n_vocab: int = 2048, hidden: int = 64, layers: int = 2) -> Path:
+    """A real llama GGUF, quantized like SmolLM2's (Q8_0 embeddings, Q4_1 blocks), that
+    carries SmolLM2's tokenizer cut to its first ``n_vocab`` tokens and the merges among them.
+
+    Why not the 135M file itself: transformers parses a GGUF's metadata and de-quantizes
+    every tensor in Python, ~30 CPU-s for SmolLM2, and the 49,152-token arrays alone cost
+    ~20 CPU-s per load (tokenizer, then model). This file takes ~1 s through the same
+    ``record --gguf-file`` path; what the test proves (the GGUF's own BPE tokenizer is used,
+    not the byte fallback) does not depend on the size.
+    """
+    from gguf import GGMLQuantizationType as Q
+    from gguf import GGUFReader, GGUFValueType, GGUFWriter
+    from gguf.quants import quantize
+
+    f = GGUFReader(str(src)).fields
+
+    def items(name: str, n: int | None = None) -> list:
+        fld = f[name]
+        return [fld.parts[i] for i in (fld.data if n is None else fld.data[:n])]
+
+    tokens = [bytes(x).decode() for x in items("tokenizer.ggml.tokens", n_vocab)]
+    keep = set(tokens)
+    merges = [m for m in (bytes(x).decode() for x in items("tokenizer.ggml.merges"))
+              if all(t in keep for t in (*m.split(" ", 1), m.replace(" ", "", 1)))]
+    w = GGUFWriter(str(dst), "llama")
+    w.add_name("tiny llama with the first tokens of SmolLM2's tokenizer")
+    w.add_context_length(2048)
+    w.add_embedding_length(hidden)
+    w.add_block_count(layers)
+    w.add_feed_forward_length(2 * hidden)
+    w.add_head_count(2)
+    w.add_head_count_kv(1)
+    w.add_rope_dimension_count(hidden // 2)
+    w.add_rope_freq_base(100000.0)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_vocab_size(n_vocab)
+    w.add_file_type(3)  # MOSTLY_Q4_1, as the real file
+    for name, fld in f.items():  # model, pre, special token ids, add_bos, chat template: as they are
+        if name.startswith("tokenizer.") and fld.types[0] != GGUFValueType.ARRAY:
+            w.add_key_value(name, fld.contents(), fld.types[0])
+    w.add_key_value("tokenizer.ggml.tokens", tokens, GGUFValueType.ARRAY, GGUFValueType.STRING)
+    w.add_key_value("tokenizer.ggml.token_type", [int(x[0]) for x in items("tokenizer.ggml.token_type", n_vocab)],
+                    GGUFValueType.ARRAY, GGUFValueType.INT32)
+    w.add_key_value("tokenizer.ggml.merges", merges, GGUFValueType.ARRAY, GGUFValueType.STRING)
+    rng = np.random.default_rng(0)
+
+    def quantized(name: str, rows: int, cols: int, qt: Q) -> None:
+        w.add_tensor(name, quantize((rng.standard_normal((rows, cols)) * 0.05).astype(np.float32), qt), raw_dtype=qt)
+
+    quantized("token_embd.weight", n_vocab, hidden, Q.Q8_0)
+    for i in range(layers):
+        for norm in ("attn_norm", "ffn_norm"):
+            w.add_tensor(f"blk.{i}.{norm}.weight", np.ones(hidden, np.float32))
+        for name, rows, cols in (("attn_q", hidden, hidden), ("attn_k", hidden // 2, hidden),
+                                 ("attn_v", hidden // 2, hidden), ("attn_output", hidden, hidden),
+                                 ("ffn_gate", 2 * hidden, hidden), ("ffn_up", 2 * hidden, hidden),
+                                 ("ffn_down", hidden, 2 * hidden)):
+            quantized(f"blk.{i}.{name}.weight", rows, cols, Q.Q4_1)
+    w.add_tensor("output_norm.weight", np.ones(hidden, np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return dst
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf_dir() -> Path:
+    """The tiny GGUF, built once per machine next to the SmolLM2 cache (reading the 135M
+    file's 98,000 tokenizer strings costs ~5 CPU-s); an atomic rename publishes it."""
+    d = _smollm2()
+    from fixtures import smollm2
+
+    out = smollm2.cache_dir().with_name(smollm2.cache_dir().name + "-tiny-gguf-v1")
+    if not (out / TINY_GGUF).is_file():
+        out.mkdir(parents=True, exist_ok=True)
+        tmp = out / f".{TINY_GGUF}.{os.getpid()}"
+        write_tiny_gguf(d / GGUF, tmp)
+        os.replace(tmp, out / TINY_GGUF)
+    return out
+
+
 @pytest.mark.slow
-def test_gguf_prompt_is_tokenized_by_the_gguf_tokenizer(tmp_path: Path) -> None:
+def test_gguf_prompt_is_tokenized_by_the_gguf_tokenizer(tiny_gguf_dir: Path, tmp_path: Path) -> None:
+    """``record --gguf-file``: the GGUF's tokenizer and weights, loaded by the product path."""
     from transformers import AutoTokenizer
 
-    d = _smollm2()
-    want = AutoTokenizer.from_pretrained(str(d), gguf_file=GGUF)(PROMPT)["input_ids"]
+    want = AutoTokenizer.from_pretrained(str(tiny_gguf_dir), gguf_file=TINY_GGUF)(PROMPT)["input_ids"]
     out = tmp_path / "smol.safetensors"
-    r = cli("record", "--model", str(d), "--gguf-file", GGUF, "--prompt", PROMPT, "--no-components", "-o", str(out),
-            env={"HF_HUB_OFFLINE": "1"})
+    r = run_cli("record", "--model", str(tiny_gguf_dir), "--gguf-file", TINY_GGUF, "--prompt", PROMPT,
+                "--no-components", "-o", str(out), env={"HF_HUB_OFFLINE": "1"})
     assert r.returncode == 0, r.stderr
     with open_dump(out) as dump:
         got = dump["input_ids"].read_all().reshape(-1).tolist()
+        assert dump["hidden.2"].shape == (len(got), 64) and "hidden.3" not in dump.names  # the GGUF's 2 layers ran
     assert got == list(want)
-    assert got != list(PROMPT.encode())  # the old silent fallback recorded these bytes
+    assert len(got) < len(PROMPT.encode()) and got != list(PROMPT.encode())  # merges applied, not the bytes
+    assert max(got) < 2048
 
 
 @pytest.mark.slow
@@ -53,10 +138,11 @@ def test_a_model_dir_without_a_tokenizer_stops_with_one_line(tmp_path: Path) -> 
     d = tmp_path / "tiny"
     build_builtin("tiny-llama").save_pretrained(d)  # config + weights, no tokenizer files
     out = tmp_path / "o.safetensors"
+    # a real process: record's console-script path, and "one line" counts whatever reaches stderr
     r = cli("record", "--model", str(d), "--prompt", PROMPT, "-o", str(out), env={"HF_HUB_OFFLINE": "1"})
     assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
     assert "cannot load its tokenizer" in r.stderr and "--input-ids" in r.stderr and not out.exists()
-    r = cli("record", "--model", "tiny-llama", "--prompt", "hi", "-o", str(out))
+    r = run_cli("record", "--model", "tiny-llama", "--prompt", "hi", "-o", str(out))
     assert r.returncode == 0 and "UTF-8 bytes" in r.stderr  # built-ins have no tokenizer, and say so
 
 

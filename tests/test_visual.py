@@ -19,7 +19,7 @@ from consistency.contract.findings import CompareReport, SimilarityMatrix
 from consistency.errors import ConsistencyError, OutputExistsError
 from consistency.record.api import record_reference, record_serving
 from consistency.report import heatmap, html_page, visual
-from tests.conftest import cli, prompt_ids, tiny
+from tests.conftest import prompt_ids, run_cli, tiny
 
 TRAIN, SERVE = [0, 3, 7], [3, 7, 10]  # the seed, scaled to tiny-llama (consistency demo)
 
@@ -252,19 +252,19 @@ def test_cli_html_png_and_no_clobber(seed, tmp_path):
     args = ["compare", ref, cand, "--html", str(html), "-q"]
     if _has_matplotlib():
         args += ["--png", str(png)]
-    r = cli(*args)
+    r = run_cli(*args)
     assert r.returncode == 1, r.stderr
     assert html.read_text().count('class="finding"') >= 4
     if _has_matplotlib():
         assert (png / "heatmap.png").stat().st_size > 1000
-    again = cli(*args)  # reports are outputs: the same command re-runs over its own reports
+    again = run_cli(*args)  # reports are outputs: the same command re-runs over its own reports
     assert again.returncode == 1, again.stderr
     html.write_text("<!DOCTYPE html><p>my notes</p>")  # not a report of ours: kept
-    again = cli("compare", ref, cand, "--html", str(html), "-q")
+    again = run_cli("compare", ref, cand, "--html", str(html), "-q")
     assert again.returncode == 2
     assert re.search(r"r\.html: output exists; pass --force", again.stderr)
     assert html.read_text() == "<!DOCTYPE html><p>my notes</p>"
-    assert cli("compare", ref, cand, "--html", str(html), "-q", "--force").returncode == 1
+    assert run_cli("compare", ref, cand, "--html", str(html), "-q", "--force").returncode == 1
 
 
 def test_png_without_matplotlib_is_one_line_usage_error(seed, tmp_path):

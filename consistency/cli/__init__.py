@@ -64,9 +64,23 @@ def main() -> None:
     """
 
 
+def _no_pydantic_plugin_scan() -> None:
+    """Tell pydantic, through its documented switch, not to look for plugins in this process.
+
+    On its first validation pydantic reads the entry points of every installed distribution
+    to find plugins (observability hooks): a measurable share of a small ``compare``
+    (docs/performance.md, "Issue 17, final figures"). The CLI validates only its own files
+    and reports. ``CONSISTENCY_PYDANTIC_PLUGINS=1``, or any ``PYDANTIC_DISABLE_PLUGINS``
+    value the user sets, keeps pydantic's own behaviour."""
+    if not os.environ.get("CONSISTENCY_PYDANTIC_PLUGINS"):
+        os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
+
+
 def run(argv: list[str] | None = None) -> None:
     """Console-script entry: map user errors to exit code 2 with one line, no traceback."""
     from consistency.errors import ConsistencyError
+
+    _no_pydantic_plugin_scan()
 
     try:
         main.main(args=argv, prog_name="consistency", standalone_mode=False)

@@ -48,10 +48,11 @@ def compare(reference: str, candidate: str, contract: str | None, json_out: str 
     Exit code 0 when every tensor agrees within its noise floor, 1 when something
     differs (the report says what it is), 2 for bad usage or unreadable input.
     """
-    from consistency.dump.atomic import check_writable, write_text_atomic
+    files = [out for out in (json_out, html_out) if out and out != "-"]
+    if files:  # dump.atomic (tempfile, socket) only when a report file is written
+        from consistency.dump.atomic import check_writable
 
-    for out in (json_out, html_out):
-        if out and out != "-":
+        for out in files:
             check_writable(out, force)
     if png_dir:
         try:
@@ -62,11 +63,12 @@ def compare(reference: str, candidate: str, contract: str | None, json_out: str 
     rep = run_compare(reference, candidate, contract, rtol, atol, threshold, tolerance,
                       progress=not quiet and sys.stderr.isatty(), layer_ids=layer_ids, convention=convention,
                       ref_layer_ids=ref_layer_ids, cand_layer_ids=cand_layer_ids, tokenizer=tokenizer)
-    text = rep.model_dump_json(indent=2)
     if json_out == "-":
-        sys.stdout.write(text + "\n")
+        sys.stdout.write(rep.model_dump_json(indent=2) + "\n")
     elif json_out:
-        write_text_atomic(json_out, text + "\n", force=force)
+        from consistency.dump.atomic import write_text_atomic
+
+        write_text_atomic(json_out, rep.model_dump_json(indent=2) + "\n", force=force)
     if html_out or png_dir:
         write_visual(rep, html_out, png_dir, force)
     if quiet or json_out == "-":  # one line; no rich import on the CI path

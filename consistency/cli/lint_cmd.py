@@ -25,15 +25,21 @@ import click
 @click.option("--quiet", "-q", is_flag=True, help="Text format: print only the verdict line.")
 @click.option("--no-info", is_flag=True, help="Text format: hide info findings (rules not evaluated).")
 @click.option("--force", is_flag=True, help="Overwrite an existing --output file.")
+@click.option("--explain", metavar="CODE", help="Print a rule's page (MTP001, or its name) and exit.")
 def lint(draft: str | None, target: str | None, serve: str | None, runtime: str | None, trained_with: str | None,
          fmt: str, output: str | None, select: tuple[str, ...], ignore: tuple[str, ...], fail_on: str, quiet: bool,
-         no_info: bool, force: bool) -> None:
+         no_info: bool, force: bool, explain: str | None = None) -> None:
     """Check a draft, its target and the serving settings before anything runs.
 
     States what the server will feed the draft, slot by slot, in stream indices, next to
     what training used. Exit code 0 when no finding reaches --fail-on, 1 otherwise, 2 for
     bad usage or unreadable input. Rules and fixes: docs/lint.md, docs/rules/.
     """
+    if explain:
+        from consistency.lint.explain import explain as _explain
+
+        sys.stdout.write(_explain(explain))
+        sys.exit(0)
     from consistency.dump.atomic import check_writable, write_text_atomic
     from consistency.lint.engine import LintRequest, run_lint
 

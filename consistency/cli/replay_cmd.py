@@ -46,12 +46,15 @@ def parse_sets(values: tuple[str, ...]) -> dict[str, bool]:
 @click.option("--layer-ids", help="Aux layer ids of an input that does not record them (speculators/SpecForge "
               "training files), read as `compare --layer-ids` reads them.")
 @click.option("--convention", help="What --layer-ids mean: stream, vllm, speculators, specforge[@VER], sglang@VER, ...")
+@click.option("--method", type=click.Choice(["auto", "eagle3", "mtp", "eagle1"]), default="auto", show_default=True,
+              help="The draft's kind: EAGLE-3, MTP (DeepSeek-V3 style NextN layer; --draft may be the target's own "
+                   "checkpoint) or EAGLE-1/2/HASS; auto reads it from the checkpoint.")
 @click.option("--json", "json_out", metavar="PATH|-", help="Write the JSON report to PATH, or to stdout with '-'.")
 @click.option("--quiet", "-q", is_flag=True, help="Print only the verdict line.")
 @click.option("--force", is_flag=True, help="Overwrite an existing report file.")
 def replay(reference: str, candidate: str, draft: str, target: str | None, steps: int | None, max_drop: float,
            min_acceptance: float | None, feed: str, labels: str, sets: tuple[str, ...], layer_ids: str | None,
-           convention: str | None, json_out: str | None, quiet: bool, force: bool) -> None:
+           convention: str | None, method: str, json_out: str | None, quiet: bool, force: bool) -> None:
     """Run the real draft on the aux states of REFERENCE (what it was trained on) and of
     CANDIDATE (what the server feeds it), score both against the target's own next tokens
     and report the predicted acceptance side by side.
@@ -61,14 +64,11 @@ def replay(reference: str, candidate: str, draft: str, target: str | None, steps
     that do not belong together: a --target the dumps were not recorded on, REFERENCE and
     CANDIDATE swapped, dumps of different tokens.
     """
+    import math
+
     from consistency.diagnose.pipeline import parse_ids
     from consistency.dump.atomic import check_writable, write_text_atomic
-    from consistency.replay.assets import resolve_draft
-    from consistency.replay.engine import run_replay
-    from consistency.replay.text import render
-    from consistency.report.text import console
-
-    import math
+    from consistency.replay.api import check_inputs
 
     if not max_drop >= 0 or math.isinf(max_drop):
         raise UsageError(f"--max-drop must be a finite number >= 0, got {max_drop}")
@@ -78,8 +78,15 @@ def replay(reference: str, candidate: str, draft: str, target: str | None, steps
         raise UsageError(f"--steps must be between 1 and 64, got {steps}")
     if json_out and json_out != "-":
         check_writable(json_out, force)
+    ids = parse_ids(layer_ids)
+    check_inputs(reference, candidate, layer_ids=ids, convention=convention)  # before torch loads
+    from consistency.replay.assets import resolve_draft
+    from consistency.replay.engine import run_replay
+    from consistency.replay.text import render
+    from consistency.report.text import console
+
     rep = run_replay(resolve_draft(draft), target, reference, candidate, steps, max_drop, feed, labels, parse_sets(sets),
-                     min_acceptance, parse_ids(layer_ids), convention)
+                     min_acceptance, ids, convention, method)
     text = rep.model_dump_json(indent=2)
     if json_out == "-":
         sys.stdout.write(text + "\n")

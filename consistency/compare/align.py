@@ -3,14 +3,17 @@
 Aux slots are paired by meaning, not only by name: a slot's expected reference is, in
 order of authority, the contract's stream for that slot, the reference dump's own aux
 slot of that index, or the stream the reference metadata claims. Everything else pairs
-by name. A concatenated ``aux`` [T, n*H] is split into n slot views here.
+by name. A concatenated ``aux`` [T, n*H] is split into n slot views here. A slot the
+contract marks post-norm (MTP, EAGLE-1, Medusa read fnorm(s=N)) expects ``final_norm``,
+not ``hidden.N`` (compare/steps.py).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from consistency.contract.models import AuxContract
+from consistency.compare import steps
+from consistency.contract.models import AuxContract, ConsumerSpec, NormState
 from consistency.dump import names
 from consistency.dump.reader import Dump, TensorView
 
@@ -34,6 +37,7 @@ class SlotPlan:
     expected: str | None
     expected_stream: int | None
     why: str
+    post_norm: bool = False  # the expected tensor is fnorm(s=N), the target's final norm applied
 
 
 @dataclass
@@ -47,6 +51,8 @@ class Plan:
     not_compared: list[str] = field(default_factory=list)  # reference kinds the candidate never records
     notes: list[str] = field(default_factory=list)
     ref_meta_tensors: dict = field(default_factory=dict)  # reference per-tensor metadata (norm state, ...)
+    consumer: ConsumerSpec | None = None  # the draft's consumer (contract, else reference metadata)
+    consumer_origin: str = ""
 
 
 COMPONENTS = (".hidden_states", ".residual")
@@ -114,10 +120,11 @@ def build(ref: Dump, cand: Dump, contract: AuxContract | None = None) -> Plan:
     rs = describe_side(ref, cand_h or c_width, n_hint)
     cs = describe_side(cand, ref_h or rs.hidden_size or c_width, n_hint or (len(rs.slots) or None))
     plan = Plan(rs, cs, [], [], ref_meta_tensors=dict(ref.metadata.tensors) if ref.metadata else {})
+    plan.consumer, plan.consumer_origin = steps.consumer_of(contract, ref)
     plan.notes += [n for n in (rs.split_note, cs.split_note) if n]
     contract_streams = contract.stream_ids if contract else None
     for i, view in enumerate(cs.slots):
-        plan.slots.append(_expect(i, view, ref, rs, contract_streams))
+        plan.slots.append(_expect(i, view, ref, rs, contract_streams, contract))
     n_expected = len(contract_streams) if contract_streams else len(rs.slots)
     for i in range(len(cs.slots), n_expected):
         plan.missing.append(names.aux(i))
@@ -133,6 +140,9 @@ def build(ref: Dump, cand: Dump, contract: AuxContract | None = None) -> Plan:
             plan.missing.append(n)
         else:
             plan.not_compared.append(n)
+    step_missing = steps.step_missing(ref, cand, plan.not_compared)  # per-step draft tensors (compare/steps.py)
+    plan.missing += step_missing
+    plan.not_compared = [n for n in plan.not_compared if n not in step_missing]
     plan.extra = [n for n in cand.names if n not in ref.tensors and n not in aux_names and not is_component(n)]
     for d in (ref, cand):
         if d.metadata and isinstance(d.metadata.extra.get("notes"), list):
@@ -160,12 +170,19 @@ def _recorded_kinds(ref: Dump, cand: Dump) -> set[str]:
     return kinds
 
 
-def _expect(i: int, view: TensorView, ref: Dump, rs: SideInfo, contract_streams: list[int] | None) -> SlotPlan:
+def _expect(i: int, view: TensorView, ref: Dump, rs: SideInfo, contract_streams: list[int] | None,
+            contract: AuxContract | None = None) -> SlotPlan:
     if contract_streams is not None:
         if i >= len(contract_streams):
             return SlotPlan(i, view, None, None, "the contract has no such slot")
         s = contract_streams[i]
+        if contract is not None and contract.slots[i].norm == NormState.final_norm:  # MTP / EAGLE-1 / Medusa
+            name, why = steps.slot_expectation(ref, contract.slots[i], i, rs.slots)
+            return SlotPlan(i, view, name, s, why, post_norm=True)
         return SlotPlan(i, view, _stream_tensor(ref, rs, s), s, "contract")
+    last = steps.last_state_default(ref, steps.declared_consumer(ref), bool(rs.slots or rs.claimed_streams))
+    if i == 0 and last is not None:
+        return SlotPlan(i, view, last[0], None, last[1], post_norm=True)
     if i < len(rs.slots):
         s = rs.claimed_streams[i] if rs.claimed_streams and i < len(rs.claimed_streams) else None
         return SlotPlan(i, view, rs.slots[i].name, s, f"reference {rs.slots[i].name}")

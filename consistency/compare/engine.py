@@ -15,10 +15,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from consistency.compare import align, identify, precision, stream
-from consistency.compare.metrics import exact_compare
+from consistency.compare import align, identify, precision, rows, steps, stream
+from consistency.compare.metrics import exact_compare, median
 from consistency.compare.result import (  # noqa: F401 - re-exported: the value types of a comparison
     CLEAR_BEST_RATIO,
+    DRIFT_TOKEN_CAP,
     DRIFT_WITHOUT_GAP,
     MATCH_FACTOR,
     MAX_BAD_FRACTION,
@@ -139,9 +140,11 @@ def compare(ref: Dump, cand: Dump, contract: AuxContract | None = None, tol: Tol
                                   f"concatenated aux beside {twin.name}", concat_of=i))
     for n, rv, cv in plan.pairs:
         results.append(Result(n, cv, n, rv, None, names.stream_of(n), "same name"))
+    paired = rows.pair(ref, cand, results, plan)  # by anchor (token_index) where either side has one
 
     # fingerprints: every float reference tensor that shares (rows, cols) with a candidate
     ref_pool = _unique([v for v in list(ref.tensors.values()) + list(plan.ref.slots) if v.is_float and v.cols > 1])
+    ref_pool = rows.with_subsets(ref_pool, paired)  # row-paired reference subsets beside the full views
     cand_float = [r.cand for r in results if r.cand.is_float and r.cand.cols > 1]
     groups: dict[tuple[int, int], tuple[list[TensorView], list[TensorView]]] = defaultdict(lambda: ([], []))
     for v in cand_float:
@@ -172,6 +175,7 @@ def compare(ref: Dump, cand: Dump, contract: AuxContract | None = None, tol: Tol
     _screen(cmp)
     _measure(cmp, progress)
     _judge(cmp)
+    steps.resolve(cmp)  # what each side's recycle.k holds (drafts beyond EAGLE-3)
     cmp.seconds = time.perf_counter() - t0
     return cmp
 
@@ -225,13 +229,15 @@ def _most_rows_equal(fp: identify.Fingerprints, a: str, b: str, floor: float) ->
     d = x - y
     den = np.einsum("ij,ij->i", x, x) + np.einsum("ij,ij->i", y, y)
     per_row = np.divide(np.einsum("ij,ij->i", d, d), den, out=np.zeros(len(den)), where=den > 0)
-    return bool(per_row.size) and float(np.median(per_row)) <= floor and \
+    return bool(per_row.size) and median(per_row) <= floor and \
         float(np.mean(per_row <= floor)) >= 1 - MAX_BAD_FRACTION
 
 
 def _screen(cmp: Comparison) -> None:
     """Rank references for every float candidate on the sample (slots always, pairs when off)."""
     tol = cmp.tol
+    identify.prefetch(cmp.cand_fp, cmp.ref_fp, [(r.cand, r.ref) for r in cmp.results  # slots are always ranked
+                                                 if r.slot is not None or r.concat_of is not None])
     for r in cmp.results:
         if not (r.cand.is_float and r.cand.cols > 1) or _key(r.cand) not in cmp.ref_fp:
             continue
@@ -279,6 +285,8 @@ def _measure(cmp: Comparison, progress: ProgressFactory | None) -> None:
     tol = cmp.tol
     jobs: dict[tuple[int, int], list[tuple[Result, str, TensorView, TensorView, float, float]]] = defaultdict(list)
     for r in cmp.results:
+        if r.status != Status.pending:
+            continue  # judged before measuring (compare.rows: no common anchor)
         if r.ref is None:
             r.status = Status.unverified if r.expected_stream is not None else Status.unpaired
             continue
@@ -343,7 +351,8 @@ def _judge(cmp: Comparison) -> None:
             r.status = Status.bad_tokens
         elif d <= r.floor and not ident_ok and not strict_bad and _user_floor(r):
             r.status, r.tolerated = Status.ok, True  # the user's tolerance allows it; say what it holds
-        elif ident_ok and d <= DRIFT_WITHOUT_GAP * r.floor and (gap is None or d < gap / 2):
+        elif ident_ok and d <= DRIFT_WITHOUT_GAP * r.floor and (gap is None or d < gap / 2) \
+                and not (per_row.size and float(per_row.max()) > DRIFT_TOKEN_CAP * r.floor):
             r.status = Status.drift  # still closest to the expected tensor: the same tensor, with error
         elif ident_ok and _clear_best(r) and _adjacent_recorded(cmp, r):
             r.status = Status.drift  # beyond 10x, but the expected stream is still clearly the nearest

@@ -26,6 +26,7 @@ from typing import Union
 
 import numpy as np
 
+from consistency.compare import stream
 from consistency.dump import names
 from consistency.dump.reader import TensorView
 
@@ -83,17 +84,25 @@ class Fingerprints:
         runs = [(int(r[0]), int(r[-1]) + 1) for r in np.split(index, cuts) if len(r)]
         cols = views[0].cols if views else 0
         self.stack = np.empty((len(index), len(views), cols))  # every entry is written below
-        for j, v in enumerate(views):
-            at = 0
-            for a, b in runs:
-                rows = v.rows_float(a, b, np.float64 if v.dtype == "float64" else np.float32)
+        self.sqn = np.empty((len(index), len(views)))  # [k, n]: each sampled row's squared norm
+
+        def fill(batch: list[int]) -> None:
+            buf = stream.scratch()
+            for j in batch:
+                rows = stream.read_runs(views[j], runs, buf)  # one read per run, one widening
                 if rows.dtype == np.float64:
                     rows = np.clip(rows, -1e150, 1e150)  # squares stay finite
                 if not np.isfinite(rows).all():  # NaN/inf rows are zero in the fingerprint
                     rows = np.where(np.isfinite(rows), rows, 0.0)
-                self.stack[at:at + b - a, j] = rows
-                at += b - a
-        self.sqn = np.einsum("knh,knh->kn", self.stack, self.stack)  # [k, n]
+                col = self.stack[:, j]
+                col[...] = rows
+                self.sqn[:, j] = np.einsum("kh,kh->k", col, col)  # while the rows are in cache
+
+        # the views are filled on both cores (reads and numpy release the GIL) once it pays
+        n_workers = stream.workers() if self.stack.nbytes >= 4 * stream.SMALL_BYTES else 1
+        work = stream.batches(list(range(len(views))), lambda _j: 1, n_workers)
+        with stream.pool(len(work)) as ex:
+            stream.run(ex, fill, work)
         self._memo: OrderedDict[tuple[str, int], np.ndarray] = OrderedDict()
         self._memo_rows = max(1, MEMO_BYTES // max(1, 8 * len(self.names)))
         self._kinds: dict[str, np.ndarray] = {}
@@ -158,6 +167,31 @@ class Fingerprints:
             self._memo.popitem(last=False)
         return out
 
+    def prefetch(self, many: Sequence[str], other: Fingerprints | None = None) -> None:
+        """Memoize :meth:`distances` of several names of self in one pass over ``other``'s
+        stack (per sampled row, m products with the cached [n, h] slice; a batched [k, n, h]
+        x [k, h, m] matmul is slower than m passes here) rather than one pass per name: the stack is
+        the sample of every reference, and compare ranks every slot and measures the gap of
+        every expected reference against it."""
+        src = other if other is not None else self
+        todo = [a for a in dict.fromkeys(many) if a in self.pos and (a, id(src)) not in self._memo]
+        if len(todo) < 2 or src.stack.shape[0] != self.stack.shape[0] or src.stack.shape[2] != self.stack.shape[2] \
+                or self.stack.shape[0] == 0:
+            return
+        step = max(1, min(self._memo_rows, MEMO_BYTES // max(1, 8 * src.stack.shape[0] * src.stack.shape[1])))
+        for i in range(0, len(todo), step):
+            part = todo[i:i + step]
+            at = [self.pos[a] for a in part]
+            dots = np.empty((src.stack.shape[0], src.stack.shape[1], len(part)))  # [k, n, m]
+            for i in range(src.stack.shape[0]):  # one sampled row of every reference stays in cache
+                rows = src.stack[i]  # [n, h]
+                for j, p in enumerate(at):
+                    dots[i, :, j] = rows @ self.stack[i, p]
+            for j, a in enumerate(part):
+                self._memo[(a, id(src))] = _rel(self.sqn[:, at[j]][:, None] + src.sqn, dots[:, :, j])
+                if len(self._memo) > self._memo_rows:
+                    self._memo.popitem(last=False)
+
     def distance(self, a: str, b: str, other: Fingerprints | None = None) -> float:
         """One pair, O(sample) work: a memoized row when there is one, else just this pair."""
         src = other if other is not None else self
@@ -171,6 +205,25 @@ class Fingerprints:
             return 0.0
         dots = np.matmul(y[:, None, :], x[:, :, None])[..., 0]  # [k, 1], as one column of distances()
         return float(_rel(self.sqn[:, self.pos[a]][:, None] + src.sqn[:, src.pos[b]][:, None], dots)[0])
+
+
+def prefetch(cand_fp: dict[tuple[int, int], Fingerprints], ref_fp: dict[tuple[int, int], Fingerprints],
+             pairs: Sequence[tuple[TensorView, TensorView | None]]) -> None:
+    """The distances compare will ask for on each (slot, expected reference) pair -- the
+    slot ranked against every reference, the expected reference's neighbour gap -- in one
+    pass over each reference sample instead of one pass per name."""
+    wanted: dict[tuple[int, int], tuple[list[str], list[str]]] = {}
+    for cand, ref in pairs:
+        key = (cand.rows, cand.cols)
+        if not (cand.is_float and cand.cols > 1) or key not in ref_fp or key not in cand_fp:
+            continue
+        cands, refs = wanted.setdefault(key, ([], []))
+        cands.append(cand.name)
+        if ref is not None and ref.name in ref_fp[key]:
+            refs.append(ref.name)
+    for key, (cands, refs) in wanted.items():
+        cand_fp[key].prefetch(cands, ref_fp[key])
+        ref_fp[key].prefetch(refs)
 
 
 def _rel(den: np.ndarray, dots: np.ndarray) -> np.ndarray:

@@ -10,14 +10,24 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import TYPE_CHECKING
 
 from consistency.compare import identify
 from consistency.compare.metrics import PairMetrics
 from consistency.dump.reader import TensorView
 
+if TYPE_CHECKING:
+    from consistency.compare.rows import RowPairing
+    from consistency.compare.steps import StepHeld
+
 DRIFT_WITHOUT_GAP = 10.0  # drift (the same tensor, with error) stays within 10x the floor
 CLEAR_BEST_RATIO = 1.5  # drift larger than the neighbour gap still counts as drift past this margin
 TOKEN_FACTOR = 10.0  # one token beyond 10x the floor is a defect (bf16: 2e-2; the worst benign token measured ~2e-3)
+# Drift is a whole tensor's small error: a token 100x the floor (bf16: 0.2, i.e. a different
+# vector) is not drift, however small the mean (MTP scenarios: one zeroed position-0 embedding
+# left recycle.1 at 8x the floor on average with one token at 177x; the worst benign token of
+# a bf16 MoE forward measured 45x, tiny DeepSeek-V3 deep streams).
+DRIFT_TOKEN_CAP = DRIFT_WITHOUT_GAP * TOKEN_FACTOR
 MAX_BAD_FRACTION = 0.5  # past half of the tokens, it is the tensor that differs, not a few tokens
 MATCH_FACTOR = 3.0  # a slot "holds" a reference only within 3x the noise floor of the pair
 ProgressFactory = Callable[[str, int], Callable[[int], None]]
@@ -61,6 +71,8 @@ class Result:
     matched: bool = False  # the best identification is within noise of the candidate (it *is* that tensor)
     tolerated: bool = False  # passed only because a user tolerance allowed it; holds another tensor
     concat_of: int | None = None  # a slot of a concatenated ``aux`` beside per-slot ``aux.{i}``
+    step: StepHeld | None = None  # ``recycle.k``: what each side recycles (compare.steps.resolve)
+    rows: RowPairing | None = None  # rows paired by anchor (token_index): compared / one-sided (compare.rows)
 
     @property
     def identified(self) -> str | None:

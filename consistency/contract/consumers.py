@@ -39,9 +39,11 @@ QWEN3_NEXT_MTP = frozenset({"qwen3_next", "Qwen3NextForCausalLM", "qwen3_next_mt
                             "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_5_mtp"})
 MIMO_MTP = frozenset({"mimo", "MiMoForCausalLM", "mimo_mtp", "MiMoMTPModel"})
 
-# vllm-project/vllm #45895 made DeepSeek/GLM MTP recycle the post-norm draft state; the
-# first release carrying it is taken from the PR's merge (docs/methods.md says how).
-VLLM_45895_VERSION = (0, 21, 0)
+# vllm-project/vllm #45895 made DeepSeek/GLM MTP recycle the post-norm draft state. It was
+# merged 2026-06-19 (commit ab66606993), after v0.23.0 was tagged (~2026-06-15) and before
+# v0.24.0 shipped (vllm-metal bumped to 0.24.0 on 2026-06-30): 0.24.0 is the first release
+# after the merge (docs/rules/MTP003.md; the release branch itself was not read).
+VLLM_45895_VERSION = (0, 24, 0)
 
 
 @dataclass(frozen=True)

@@ -136,6 +136,31 @@ CODES: dict[str, Code] = {c.code: c for c in (
          "fix the first divergence (the root cause); these follow from it"),
     Code("SIDES_SWAPPED", _W, "the reference's metadata says it is the serving side (or the candidate the training side)",
          "pass the training dump first: consistency compare TRAIN SERVE"),
+    # drafts beyond EAGLE-3: the state an MTP / EAGLE-1 draft recycles at steps >= 1, its input (issue 19)
+    Code("RECYCLE_NORM_MISSING", _E, "a draft step >= 1 was fed the draft's own output before its final norm (d_raw) "
+         "where the reference recycles it after the norm (d_norm)",
+         "recycle the post-norm draft state (the tensor the shared head reads): return (logits input, recycled state) "
+         "from the draft, as vLLM's model_returns_tuple does",
+         "vllm PR #45895 (fix), vllm #47448, #46075; ROCm/ATOM #1764 (DeepSeek-R1 MTP-3 acceptance 61.36% -> 64.56%)"),
+    Code("RECYCLE_NORM_APPLIED", _E, "a draft step >= 1 was fed the draft's own output after its final norm (d_norm) "
+         "where the reference recycles it before the norm (d_raw)",
+         "recycle the pre-norm draft state (h + residual), as EAGLE-1/2 and EAGLE-3 without norm_output do; or "
+         "retrain with norm_output",
+         "SafeAILab/EAGLE v1 eagle/model/cnets.py (no final norm); speculators models/eagle3/config.py norm_output"),
+    Code("RECYCLE_TARGET", _E, "a draft step >= 1 was fed the target's hidden state where the reference recycles "
+         "the draft's own output (or the reverse): chain vs non-chain multi-step drafting",
+         "feed step k the state the draft was trained on: its own previous output (chain) or the target's "
+         "(non-chain, one MTP layer per step)",
+         "sglang #18564 (multi-layer MTP chain vs non-chain); TensorRT-LLM _torch/speculative/mtp.py (MTP vanilla)"),
+    Code("CONCAT_ORDER", _E, "the draft's input concatenation holds the embedding and the hidden state in the other "
+         "order ([hidden, embed] vs [embed, hidden])",
+         "concatenate in the order the draft was trained with (MiMo: [hidden, embed]; DeepSeek, GLM, Qwen3-Next, "
+         "EAGLE: [embed, hidden])",
+         "vllm mimo_mtp.py input_proj(cat(h, emb)) vs deepseek_mtp.py eh_proj(cat(emb, h)); speculators #366 review"),
+    Code("POS0_EMBED", _E, "the embedding row at position 0 is zeroed on one side only",
+         "zero (or keep) the position-0 embedding on both sides: vLLM DeepSeek/GLM/MiMo MTP zero it, SGLang "
+         "deepseek_nextn.py and Megatron keep it",
+         "vllm deepseek_mtp.py inputs_embeds[positions == 0] = 0; sglang deepseek_nextn.py (no masking)"),
     # pipeline stages and DP attention: what merging a layout's rank files finds (issue 16)
     Code("STAGE_MISSING", _E, "a pipeline stage wrote no rank file: its layers were not recorded",
          "record on every stage (a capture guarded by is_first_rank/is_last_rank records one) and pass every "

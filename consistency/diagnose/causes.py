@@ -17,9 +17,10 @@ from __future__ import annotations
 import numpy as np
 
 from consistency.compare.engine import Comparison, Result, Status
-from consistency.contract.findings import Finding, Severity
+from consistency.contract.findings import Finding
 from consistency.diagnose import hypotheses
 from consistency.diagnose.evidence import Evidence
+from consistency.diagnose.rootcause import fold_consequences
 from consistency.dump import names
 
 CONSEQUENCE_CODES = ("UNKNOWN", "NUMERIC_DRIFT", "MISMATCH", "BAD_TOKENS")
@@ -111,33 +112,14 @@ def group_consequences(cmp: Comparison, findings: list[Finding]) -> list[Finding
     Only recorded streams and block outputs (by-name pairs) take part: each aux slot is
     what the draft reads, so its finding stays its own."""
     by_name = {r.name: r for r in cmp.results if r.slot is None and r.concat_of is None}  # streams, not slots
-    failing = [(s, f) for f in findings if f.severity == Severity.error and f.tensor in by_name
-               and (s := _stream_of_result(cmp, by_name[f.tensor])) is not None
-               and by_name[f.tensor].status not in (Status.unpaired, Status.unverified)]
-    if len(failing) < 2:
-        return findings
-    root_s, root = min(failing, key=lambda x: (x[0], x[1].code in CONSEQUENCE_CODES))
-    out: list[Finding] = []
-    later: list[str] = []
-    for f in findings:
-        s = _stream_of_result(cmp, by_name[f.tensor]) if f.tensor in by_name else None
-        if f is not root and s is not None and s > root_s and f.severity == Severity.error \
-                and f.code in CONSEQUENCE_CODES:
-            later.append(f.tensor or "?")
-            out.append(Finding.make("PROPAGATED", f"{f.tensor}: differs as a consequence of the first divergence at "
-                                    f"{root.tensor} ({root.code}); was: {f.message}", tensor=f.tensor,
-                                    expected=f.expected, metrics=f.metrics,
-                                    evidence={"root": root.tensor, "root_code": root.code, "was": f.code}))
-        else:
-            out.append(f)
-    if later:
-        root.message += f" -- the first divergence in forward order; {len(later)} later tensor" \
-                        f"{'s' if len(later) != 1 else ''} differ as a consequence ({', '.join(later[:6])}" \
-                        f"{', ...' if len(later) > 6 else ''})"
-        root.evidence = dict(root.evidence, consequences=later)
-        out.remove(root)
-        out.insert(0, root)
-    return out
+
+    def order(f: Finding) -> int | None:
+        return _stream_of_result(cmp, by_name[f.tensor]) if f.tensor in by_name else None
+
+    return fold_consequences(
+        findings, order, follows=lambda f, _root: f.code in CONSEQUENCE_CODES, where=lambda f: f.tensor or "?",
+        scope="tensor", root_ok=lambda f: by_name[f.tensor or ""].status not in (Status.unpaired, Status.unverified),
+        consequence_codes=CONSEQUENCE_CODES)
 
 
 def _stream_of_result(cmp: Comparison, r: Result) -> int | None:

@@ -15,9 +15,10 @@ from typing import Any
 from consistency.compare.engine import Comparison, Result, Status
 from consistency.compare.tolerance import AMBIGUOUS_RATIO, DRIFT_ERROR_FACTOR
 from consistency.contract.findings import Finding, Severity
-from consistency.diagnose import causes, hypotheses, story
+from consistency.diagnose import causes, draft_steps, hypotheses, row_pairs, story
 from consistency.diagnose.evidence import Evidence, Explanation
 from consistency.dump import names
+from consistency.dump.reader import Dump
 
 HOLD_FACTOR = 3.0  # an exact explanation must leave at most 3x the noise floor
 EXPLAINS = 0.25  # ... and remove at least 3/4 of the difference (a 3.9e-5 -> 3.8e-5 "scale" explains nothing)
@@ -30,17 +31,18 @@ def explain(cmp: Comparison) -> tuple[list[Finding], str]:
     findings: list[Finding] = []
     actual: dict[int, int | None] = {}
     for r in cmp.results:
-        f, stream = _finding(ev, r)
-        findings.extend(f)
+        f, stream = (row_pairs.unpaired_rows(r), None) if row_pairs.no_rows(r) else _finding(ev, r)
+        findings.extend(row_pairs.annotate(r, f))  # rows paired by anchor: what was compared, what one side has
         if r.slot is not None:
             actual[r.slot] = stream
     for name in cmp.plan.missing:
         findings.append(Finding.make("MISSING", f"{name}: the reference has it (or the contract expects it); "
                                      f"the candidate does not", tensor=None, expected=name))
     findings += _replicas(cmp)
-    from consistency.dump.stages import layout_findings  # rank/stage sets only; a plain compare never loads it
+    if not (type(cmp.cand) is type(cmp.ref) is Dump):  # rank/stage sets only: a plain compare never loads it
+        from consistency.dump.stages import layout_findings
 
-    findings += layout_findings(cmp.cand, "candidate") + layout_findings(cmp.ref, "reference")
+        findings += layout_findings(cmp.cand, "candidate") + layout_findings(cmp.ref, "reference")
     findings[:0] = _concat_checks(cmp)  # first: the other findings depend on which one the draft got
     findings += _sides(cmp)
     if not any(r.status in (Status.ok, Status.drift, Status.bad_tokens, Status.mismatch, Status.nonfinite,
@@ -51,6 +53,7 @@ def explain(cmp: Comparison) -> tuple[list[Finding], str]:
     for name in cmp.plan.extra:
         findings.append(Finding.make("EXTRA", f"{name}: only in the candidate; not compared", tensor=name))
     findings = causes.group_consequences(cmp, findings)
+    findings = draft_steps.group_steps(cmp, draft_steps.annotate_step0(cmp, findings))  # MTP, EAGLE-1, Medusa
     cand_side, ref_side = _side(cmp, "cand"), _side(cmp, "ref")
     slots = sorted((r for r in cmp.results if r.slot is not None), key=lambda r: r.slot or 0)
     expected = [r.expected_stream if r.expected_stream is not None else cmp.stream_of(r.expected) for r in slots]
@@ -179,6 +182,8 @@ def _finding(ev: Evidence, r: Result) -> tuple[list[Finding], int | None]:
         return out, stream
     if r.status in (Status.unpaired, Status.unverified):
         return _unpaired(ev, r, label, base, metrics)
+    if names.parse(r.name).kind in names.DRAFT_KINDS and (step := draft_steps.explain_step(ev, r, label, base, metrics)):
+        return [step], None
     if r.status in (Status.shape, Status.empty):
         code = "EMPTY" if r.status == Status.empty else "SHAPE_MISMATCH"
         shp = lambda v: list(v.shape) if v is not None else None  # noqa: E731
@@ -215,6 +220,8 @@ def _unpaired(ev: Evidence, r: Result, label: str, base: dict, metrics: dict) ->
         f"it matches no reference tensor (nearest: {near or 'none comparable'})"
     if r.status == Status.unverified:
         want = story.describe(r.expected_stream or 0, ev._num_layers())
+        if any(sp.index == r.slot and sp.post_norm for sp in cmp.plan.slots):
+            want = f"fnorm(s={r.expected_stream}), the target's final norm applied to {want}"
         return [Finding.make("NOT_VERIFIED", f"{label} should hold {want}, which the reference does not record, so it "
                              f"was not verified; {holds}", identified_as=held, metrics=metrics, **base)], stream
     if held is None:
@@ -316,7 +323,7 @@ def _summary(cmp: Comparison, findings: list[Finding], st: story.Story | None, c
         n = len(compared)
         s = f"pass: {n} tensor{'s' if n != 1 else ''} compared"
         slots = sorted((r for r in cmp.results if r.slot is not None), key=lambda r: r.slot or 0)
-        held = [cmp.stream_of(r.holds) for r in slots]
+        held: list = [cmp.stream_of(r.holds) if r.holds != names.FINAL_NORM else "final_norm" for r in slots]
         if slots and all(r.status in (Status.ok, Status.drift) and not r.tolerated for r in slots):
             s += f"; {cand_side} slots hold streams {story._fmt(held)} as {ref_side} expects"
         elif slots:

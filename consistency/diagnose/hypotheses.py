@@ -16,7 +16,9 @@ import numpy as np
 
 from consistency.compare.engine import Result
 from consistency.compare.identify import token_distance
+from consistency.compare.metrics import median, percentiles
 from consistency.contract.findings import CODES
+from consistency.diagnose import draft_steps
 from consistency.diagnose.evidence import Evidence, Explanation, fit_column_scale, fit_scalar, rms_normalize
 from consistency.dump import names
 
@@ -120,7 +122,7 @@ def residual_missing(ev: Evidence, r: Result) -> Explanation | None:
     prev, cur = ev.ref(r, names.hidden(s - 1)), ev.expected(r)
     if prev is None or cur is None:
         return None
-    ratio = float(np.median(np.linalg.norm(c, axis=1) / np.maximum(np.linalg.norm(cur, axis=1), 1e-30)))
+    ratio = median(np.linalg.norm(c, axis=1) / np.maximum(np.linalg.norm(cur, axis=1), 1e-30))
     toward = token_distance(cur - c, prev) / max(token_distance(cur, prev), 1e-30)
     after = token_distance(c + prev, cur)  # add back the residual we can see (stream s-1)
     if ratio < 0.5 and toward < 1.0 and after < 0.5 * before:
@@ -173,7 +175,7 @@ def row_spread(x: np.ndarray) -> float:
     rms = rms[rms > 0]
     if rms.size < 4:
         return math.inf
-    p10, p50, p90 = np.percentile(rms, [10, 50, 90])
+    p10, p50, p90 = percentiles(rms, [10, 50, 90])
     return float((p90 - p10) / p50) if p50 > 0 else math.inf
 
 
@@ -387,6 +389,7 @@ REGISTRY: tuple[Hypothesis, ...] = (
     Hypothesis("TOKEN_SHIFT", token_shift),
     Hypothesis("PARTIAL_SHARD", partial_shard),
     Hypothesis("SCALE_MISMATCH", scale_mismatch),
+    Hypothesis("CONCAT_ORDER", draft_steps.concat_order),  # draft_cat.k only (drafts beyond EAGLE-3)
     Hypothesis("LAYER_MISMATCH", stream_for_unnamed_slot),  # last: only when nothing else explains it
 )
 

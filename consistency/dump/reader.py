@@ -94,7 +94,12 @@ class TensorView:
         if self._array is not None:
             base_rows = self._array.size // self._base_cols if self._base_cols else self.rows
             return self._array.reshape(base_rows, self._base_cols)[start:stop]
-        buf = np.empty((n, self._base_cols), dtype=self._storage)
+        return self.read_into(start, np.empty((n, self._base_cols), dtype=self._storage))
+
+    def read_into(self, start: int, buf: np.ndarray) -> np.ndarray:
+        """Stored rows from ``start`` straight from the file into ``buf`` (a C-contiguous
+        ``[n, base cols]`` array of the storage dtype), so a caller that reads block after
+        block reuses one buffer instead of allocating one per read."""
         if buf.nbytes == 0:
             return buf
         assert self._fd is not None

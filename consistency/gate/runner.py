@@ -43,14 +43,15 @@ def lint_cases(name: str, rep: dict[str, Any], fail_on: str = "error") -> list[G
     for r in rep.get("rules", []):
         fs = [f for f in by_code.get(r["code"], []) if f["severity"] != "info"]
         st = r["status"]
-        status = {"pass": "passed", "not_evaluated": "skipped", "fail": "failed",
+        status = {"pass": "passed", "not_evaluated": "skipped", "not_applicable": "skipped", "fail": "failed",
                   "warn": "failed" if fail_on == "warning" else "passed"}[st]
         top = fs[0] if fs else (by_code.get(r["code"]) or [None])[0]
         loc = (top or {}).get("location") or {}
         sev = "error" if st == "fail" else "warning" if st == "warn" else "info" if st == "not_evaluated" else None
         cases.append(GateCase(id=f"lint/{name}/{r['code']}", name=f"{r['code']} {r['name']}", status=status,
                               severity=sev,
-                              message="\n".join(f["message"] for f in fs) or (top or {}).get("message", ""),
+                              message="\n".join(f["message"] for f in fs) or (top or {}).get("message", "")
+                              or (f"not applicable: {r['reason']}" if r.get("reason") else ""),
                               code=r["code"], file=loc.get("file"), line=loc.get("line"),
                               fix=(top or {}).get("fix") if fs else None, doc=r["doc"]))
     return cases

@@ -125,6 +125,7 @@ class TargetInfo:
     dtype: str | None = None
     is_moe: bool | None = None
     source: str = "target config"
+    config: dict[str, Any] = field(default_factory=dict, repr=False)  # the raw config (MTP layer counts)
 
     @property
     def keys(self) -> list[str]:
@@ -155,5 +156,5 @@ def target_from_config(cfg: dict[str, Any], cfg_path: Path | None, source: str =
         model_type=str_at(text, "model_type") or str_at(cfg, "model_type"),
         num_layers=pick("num_hidden_layers") or pick("n_layer") or pick("num_layers"),
         hidden_size=pick("hidden_size") or pick("n_embd"), vocab_size=pick("vocab_size"),
-        dtype=dtype_of(cfg) or dtype_of(text), is_moe=moe, source=source,
+        dtype=dtype_of(cfg) or dtype_of(text), is_moe=moe, source=source, config=cfg,
     )

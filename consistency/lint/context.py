@@ -11,7 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from consistency.lint.configs import TargetInfo
+from consistency.contract.models import Consumer
 from consistency.lint.draft import Checkpoint, DraftInfo
+from consistency.lint.kind import Kind
 from consistency.lint.plan import Alternative, StreamPlan
 from consistency.lint.serve import ServeInfo
 from consistency.lint.trained import TrainingInfo
@@ -33,6 +35,8 @@ class Context:
     n: int | None = None  # the target's layer count
     plan: StreamPlan | None = None
     alternatives: list[Alternative] = field(default_factory=list)
+    draft_kind: Kind = field(default_factory=lambda: Kind(None, "not detected"))  # what the draft files are
+    requested: Kind = field(default_factory=lambda: Kind(None, "not detected"))  # what the flags run
 
     # -- inputs ---------------------------------------------------------------------------
     def need_draft(self) -> DraftInfo:
@@ -84,6 +88,11 @@ class Context:
         return self.n
 
     # -- derived --------------------------------------------------------------------------
+    @property
+    def kind(self) -> Consumer | None:
+        """The draft's kind when its files say, else what the serving flags run (lint/kind.py)."""
+        return self.draft_kind.kind if self.draft_kind.kind is not None else self.requested.kind
+
     @property
     def target_hidden(self) -> int | None:
         if self.target is not None and self.target.hidden_size:

@@ -14,12 +14,14 @@ from pathlib import Path
 from consistency import __version__
 from consistency.contract import conventions as cv
 from consistency.contract.findings import Severity
+from consistency.contract.models import Consumer
 from consistency.errors import UsageError
 from consistency.lint import report as R
 from consistency.lint.configs import TargetInfo, read_target, target_from_config
 from consistency.lint.swapped import swapped_draft, swapped_target
 from consistency.lint.context import Context, NotEvaluated
 from consistency.lint.draft import read_draft
+from consistency.lint.kind import LABEL, draft_kind, requested
 from consistency.lint.plan import alternatives, arch_key, serving_plan
 from consistency.lint.rules import Rule, select
 from consistency.lint.serve import parse_serve
@@ -81,6 +83,10 @@ def build(req: LintRequest) -> _Built:
         ctx.draft = read_draft(Path(ctx.serve.draft_model))
         notes.append(f"draft read from the command line's draft path {ctx.serve.draft_model}")
     ctx.target = _target(req, ctx, notes)
+    ctx.draft_kind, ctx.requested = draft_kind(ctx.draft), requested(ctx.serve, ctx.target)
+    if ctx.kind in LAST_HIDDEN:
+        notes.append(f"{LABEL[ctx.kind]} setup ({(ctx.draft_kind if ctx.draft_kind.kind else ctx.requested).how}): "
+                     "the EAGLE-3 aux-stream rules do not apply")
     ctx.n = ctx.target.num_layers if ctx.target else None
     arch = arch_key(ctx.target.keys) if ctx.target else None
     if req.trained_with:
@@ -137,6 +143,19 @@ def _target(req: LintRequest, ctx: Context, notes: list[str]) -> TargetInfo | No
     return None
 
 
+# Rules about EAGLE-3's aux streams, fc, vocabulary map and norm flags: for another kind of
+# draft (MTP, EAGLE-1, Medusa) they are not evaluated, never passed (lint/kind.py decides the kind).
+LAST_HIDDEN = (Consumer.mtp, Consumer.eagle1, Consumer.medusa)  # drafts that read one last state, no aux ids
+EAGLE3_ONLY = ("IDS", "SHP001", "SHP004", "NRM", "VOC", "SRV003", "SRV004", "SRV005", "SRV007")
+
+
+def not_applicable(rule: Rule, ctx: Context) -> str | None:
+    """Why ``rule`` does not concern this draft at all (not a pass, not a missing input)."""
+    if rule.code.startswith(EAGLE3_ONLY) and ctx.kind in LAST_HIDDEN:
+        return f"an EAGLE-3 aux-stream rule, and the draft here is {LABEL[ctx.kind]}"
+    return None
+
+
 def _evaluate(rule: Rule, ctx: Context) -> tuple[list[R.LintFinding], str]:
     try:
         hits = list(rule.check(ctx))
@@ -188,19 +207,21 @@ def run_lint(req: LintRequest) -> R.LintReport:
     findings: list[R.LintFinding] = []
     results: list[R.RuleResult] = []
     for rule in select(req.select, req.ignore):
-        fs, status = _evaluate(rule, ctx)
+        reason = not_applicable(rule, ctx)
+        fs, status = ([], "not_applicable") if reason else _evaluate(rule, ctx)
         findings += fs
         results.append(R.RuleResult(code=rule.code, name=rule.name, title=rule.title, severity=rule.severity,
-                                    status=status, source=rule.source, fix=rule.fix, doc=rule.doc))
+                                    status=status, reason=reason, source=rule.source, fix=rule.fix, doc=rule.doc))
     rank = {Severity.error: 0, Severity.warning: 1, Severity.info: 2}
     findings.sort(key=lambda f: (rank[f.severity], f.code))
     counts = {s.value: sum(f.severity == s for f in findings) for s in Severity}
     failing = {Severity.error} | ({Severity.warning} if req.fail_on == "warning" else set())
     verdict = "fail" if any(f.severity in failing for f in findings) else "pass"
-    if verdict == "pass" and all(r.status == "not_evaluated" for r in results):
+    if verdict == "pass" and all(r.status in ("not_evaluated", "not_applicable") for r in results):
         verdict = "not_evaluated"  # nothing was checked: not a pass (exit 1, docs/lint.md#verdicts)
-    tr = ctx.training.streams if ctx.training else None
-    sv = ctx.plan.streams if ctx.plan else None
+    aux = ctx.kind not in LAST_HIDDEN  # an MTP/EAGLE-1/Medusa draft has no aux slots to show
+    tr = ctx.training.streams if ctx.training and aux else None
+    sv = ctx.plan.streams if ctx.plan and aux else None
     rep = R.LintReport(
         version=__version__, verdict=verdict, summary=_summary(verdict, counts, tr, sv, ctx), inputs=R.Inputs(
             draft=req.draft or (str(ctx.draft.path) if ctx.draft else None),
@@ -208,7 +229,8 @@ def run_lint(req: LintRequest) -> R.LintReport:
             runtime=req.runtime, trained_with=req.trained_with),
         training_streams=list(tr) if tr is not None else None,
         training_source=ctx.training.source if ctx.training else None,
-        serving_streams=list(sv) if sv is not None else None, serving=_serving(ctx), slots=_slots(ctx),
+        serving_streams=list(sv) if sv is not None else None, serving=_serving(ctx) if aux else None,
+        slots=_slots(ctx) if aux else [],
         findings=findings, rules=results, counts=counts, assumptions=b.assumptions)
     rep.seconds = time.perf_counter() - t0
     return rep
@@ -220,6 +242,8 @@ def _summary(verdict: str, counts: dict[str, int], tr: list[int] | None, sv: lis
                 "--draft, and --serve or --runtime")
     parts = [f"{counts['error']} error{'s' * (counts['error'] != 1)}, {counts['warning']} "
              f"warning{'s' * (counts['warning'] != 1)}"]
+    if ctx.kind in LAST_HIDDEN:
+        parts.append(f"{LABEL[ctx.kind]} draft ({(ctx.draft_kind if ctx.draft_kind.kind else ctx.requested).how})")
     if sv is not None:
         parts.append(f"{ctx.runtime_label} feeds streams {sv}")
     if tr is not None:

@@ -60,9 +60,12 @@ def render(rep: LintReport, con: Console, quiet: bool = False, show_info: bool =
         con.print(ft)
     c = rep.counts
     ne = sum(r.status == "not_evaluated" for r in rep.rules)
+    na = [r for r in rep.rules if r.status == "not_applicable"]
     e, w = c.get("error", 0), c.get("warning", 0)
     tail = (f"{len(rep.rules)} rules: {e} error{'s' * (e != 1)}, {w} warning{'s' * (w != 1)}, {ne} not evaluated "
             "for lack of input")
+    if na:
+        tail += f", {len(na)} not applicable ({term(na[0].reason or 'another kind of draft')})"
     if rep.seconds is not None:
         tail += f"; {rep.seconds * 1000:.0f} ms"
     con.print(Text(tail, style="dim"))

@@ -39,7 +39,10 @@ class RuleResult(BaseModel):
     name: str
     title: str
     severity: Severity = Field(description="The rule's default severity")
-    status: Literal["pass", "fail", "warn", "not_evaluated"]
+    status: Literal["pass", "fail", "warn", "not_evaluated", "not_applicable"] = Field(
+        description="not_applicable: the rule is about another kind of draft (e.g. an EAGLE-3 aux rule for an MTP "
+                    "draft); neither a pass nor a lack of input")
+    reason: str | None = Field(None, description="Why the rule was not applicable")
     source: str
     fix: str
     doc: str

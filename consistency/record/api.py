@@ -8,7 +8,7 @@ runtime builds them, with the capture mode that runtime uses ('add', 'guarded', 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -53,9 +53,12 @@ def _torch_ids(input_ids: Any) -> Any:
 def record_reference(model: Any, input_ids: Any, path: str | Path, aux_streams: Sequence[int] | None = None,
                      *, native_ids: Sequence[int] | None = None, convention: str = "stream",
                      components: bool = True, logits: bool = False, side: str = "training",
-                     force: bool = False, post_norm_last: bool = False) -> Path:
+                     force: bool = False, post_norm_last: bool = False,
+                     draft: Callable[[Recorder, Mapping[str, Any]], None] | None = None) -> Path:
     """All streams plus the aux slots of ``aux_streams``; ``post_norm_last`` feeds HF's
-    post-norm last hidden state for stream N (what ``output_hidden_states[-1]`` gives)."""
+    post-norm last hidden state for stream N (what ``output_hidden_states[-1]`` gives).
+    ``draft(rec, streams)`` runs an MTP / EAGLE-1 draft on the recorded streams and records
+    its steps into the same dump (consistency.record.draft.capture_draft_step)."""
     from consistency.record.hf import capture_streams
 
     ids = _torch_ids(input_ids)
@@ -78,6 +81,8 @@ def record_reference(model: Any, input_ids: Any, path: str | Path, aux_streams: 
         rec.metadata.aux = aux_info(list(aux_streams), list(native_ids) if native_ids is not None else None, convention)
     if notes:
         rec.metadata.extra["notes"] = notes
+    if draft is not None:
+        draft(rec, {k: _squeeze(v) for k, v in streams.items()})
     out = rec.save()
     assert out is not None
     return out

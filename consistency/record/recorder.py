@@ -41,7 +41,12 @@ _lock = threading.Lock()
 
 
 def dist_info() -> tuple[int | None, int | None]:
-    """(rank, world_size) when torch.distributed is initialised, else (None, None)."""
+    """(rank, world_size) when torch.distributed is initialised, else (None, None).
+
+    A process group exists only once ``torch.distributed`` was imported, so a process that
+    never imported it (numpy-only capture) is not made to pay torch's import here."""
+    if "torch.distributed" not in sys.modules:
+        return None, None
     try:
         import torch.distributed as dist
     except ImportError:

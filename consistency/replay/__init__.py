@@ -1,4 +1,5 @@
-"""Replay: run a trained EAGLE-3 draft on the aux states of a dump and predict acceptance.
+"""Replay: run a trained draft (EAGLE-3; MTP and EAGLE-1/2 in :mod:`consistency.replay.multistep`)
+on the states of a dump and predict acceptance.
 
 A relative difference says two tensors differ; it does not say what the difference costs.
 Replay answers the question a user asks ("acceptance fell from 75% to 30%: why?") by running

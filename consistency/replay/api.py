@@ -10,21 +10,41 @@ from typing import Any
 from consistency.errors import UsageError
 
 
+def check_inputs(*specs: str | Path | Any, layer_ids: Any = None, convention: str | None = None) -> None:
+    """Refuse a REFERENCE/CANDIDATE that names nothing before the draft, torch and
+    transformers load (6-9 CPU-s): a missing input is then a one-line exit 2 at once.
+
+    A path that does not exist may still name a rank set (``NAME.rank*-of*.EXT``) or a
+    glob, so it is resolved by the loader's own :func:`~consistency.dump.sets.open_side`
+    (headers only; it raises the same error the replay would). Existing paths are left to
+    the replay, which opens them anyway (a SpecForge checkpoint is not decompressed twice).
+    """
+    import os
+
+    from consistency.dump.sets import open_side
+
+    for spec in specs:
+        if isinstance(spec, (str, Path)) and not os.path.lexists(spec):
+            with open_side(spec, layer_ids, convention):
+                pass
+
+
 def replay_check(draft: str | Path, reference: str | Path, candidate: str | Path, target: str | Path | Any | None = None,
                  steps: int | None = None, max_drop_points: float | None = None, min_acceptance: float | None = None,
                  feed: str = "auto", labels: str = "auto", overrides: dict[str, bool] | None = None,
-                 max_drop: float | None = None, **unknown: Any) -> Any:
+                 max_drop: float | None = None, method: str = "auto", **unknown: Any) -> Any:
     """The replay report (a :class:`~consistency.replay.report.ReplayReport`): verdict ``fail``
     with ``ACCEPTANCE_DROP`` when the candidate's top-1 accuracy or acceptance rate falls more
     than ``max_drop_points`` (default 5) below the reference's, ``ACCEPTANCE_LOW`` when its
     acceptance rate is under ``min_acceptance`` (0..1); ``report.findings`` is the list of
-    findings. Bad input raises :class:`consistency.errors.InputError` as everywhere else."""
+    findings. ``method``: auto, eagle3, mtp or eagle1 (docs/replay.md, "MTP and EAGLE-1"). Bad input raises :class:`consistency.errors.InputError` as everywhere else."""
+    if unknown:
+        raise UsageError(f"replay: unknown option(s) {sorted(unknown)}; known: draft, reference, candidate, target, "
+                         "steps, max_drop_points, min_acceptance, feed, labels, overrides, method")
+    check_inputs(reference, candidate)
     from consistency.replay.assets import resolve_draft
     from consistency.replay.engine import run_replay
 
-    if unknown:
-        raise UsageError(f"replay: unknown option(s) {sorted(unknown)}; known: draft, reference, candidate, target, "
-                         "steps, max_drop_points, min_acceptance, feed, labels, overrides")
     limit = max_drop_points if max_drop_points is not None else (max_drop if max_drop is not None else 5.0)
     return run_replay(resolve_draft(str(draft)), target, reference, candidate, steps, limit, feed, labels,
-                      overrides, min_acceptance)
+                      overrides, min_acceptance, method=method)

@@ -113,12 +113,13 @@ def load_target(spec: str | None) -> Any | None:
 def run_replay(draft: str | Path, target: str | Any | None, reference: str | Path, candidate: str | Path,
                steps: int | None = None, max_drop_points: float = 5.0, feed: str = "auto", labels: str = "auto",
                overrides: dict[str, bool] | None = None, min_acceptance: float | None = None,
-               layer_ids: Sequence[int] | None = None, convention: str | None = None) -> ReplayReport:
+               layer_ids: Sequence[int] | None = None, convention: str | None = None, method: str = "auto") -> ReplayReport:
     """Library entry (CLI, demo, gate). ``target`` is a spec (built-in name or local HF dir),
     an already loaded HF model, or None when the draft and dumps carry everything.
     ``layer_ids``/``convention``: for training files that do not record their streams, as
     ``compare`` takes them. Refused (UsageError) before any score: a target the dumps were not
-    recorded on, reference and candidate swapped, dumps of different text (replay/checks.py)."""
+    recorded on, reference and candidate swapped, dumps of different text (replay/checks.py).
+    ``method``: ``auto`` tells an MTP or EAGLE-1 draft from an EAGLE-3 one (replay/multistep.py)."""
     t0 = time.perf_counter()
     if feed not in ("auto", "own", "teacher"):
         raise UsageError(f"--feed must be 'auto', 'own' or 'teacher', got {feed!r}")
@@ -126,6 +127,16 @@ def run_replay(draft: str | Path, target: str | Any | None, reference: str | Pat
         raise UsageError(f"min_acceptance is a fraction between 0 and 1, got {min_acceptance}")
     if not 0.0 <= max_drop_points < float("inf"):  # NaN compares False: a drop could never fail
         raise UsageError(f"max_drop is a finite number of points >= 0, got {max_drop_points}")
+    from consistency.replay import multistep
+
+    if method not in multistep.METHODS:
+        raise UsageError(f"--method must be one of {', '.join(multistep.METHODS)}, got {method!r}")
+    kind = multistep.detect_method(draft) if method == "auto" else method
+    if kind != "eagle3":
+        if overrides:
+            raise UsageError(f"--set flags are EAGLE-3 draft flags; an {kind} draft has none")
+        return multistep.replay_multistep(kind, draft, target, reference, candidate, steps, max_drop_points, feed,
+                                          labels, min_acceptance, layer_ids, convention)
     if isinstance(target, (str, Path)) or target is None:
         tmodel, tname = load_target(None if target is None else str(target)), None if target is None else str(target)
     else:
@@ -178,8 +189,9 @@ def choose_feed(feed: str, sides: tuple[Side, ...]) -> tuple[str, str | None]:
                        "generated text this equals feeding the draft's own proposals, as runtimes do")
 
 
-def build_report(d: LoadedDraft, tname: str | None, ref: Side, cand: Side, rs: Scored, cs: Scored, k: int, feed: str,
-                 max_drop: float, seconds: float, min_acceptance: float | None = None) -> ReplayReport:
+def build_report(d: LoadedDraft | Any, tname: str | None, ref: Side, cand: Side, rs: Scored, cs: Scored, k: int, feed: str,
+                 max_drop: float, seconds: float, min_acceptance: float | None = None,
+                 draft_summary: DraftSummary | None = None) -> ReplayReport:
     n = min(rs.hits.shape[1], cs.hits.shape[1])
     same_tokens = len(ref.ids) == len(cand.ids) and torch.equal(ref.ids, cand.ids)
     lost = int((rs.hits[0, :n] & ~cs.hits[0, :n]).sum()) if same_tokens else 0
@@ -226,6 +238,8 @@ def build_report(d: LoadedDraft, tname: str | None, ref: Side, cand: Side, rs: S
     else:
         summary = f"no acceptance drop: {line}"
     return ReplayReport(version=__version__, verdict=verdict, summary=summary, steps=k, feed=feed,  # type: ignore[arg-type]
-                        max_drop_points=max_drop, min_acceptance=min_acceptance, draft=summarize_draft(d), target=tname,
+                        max_drop_points=max_drop, min_acceptance=min_acceptance,
+                        draft=draft_summary or summarize_draft(d), method=draft_summary.method if draft_summary else "eagle3",
+                        target=tname,
                         reference=side_report(ref, rs), candidate=side_report(cand, cs), drop=drop,
                         findings=findings, notes=notes, seconds=seconds)

@@ -12,6 +12,7 @@ from pydantic import BaseModel, Field
 
 from consistency.contract import findings as F
 from consistency.contract.findings import ReportHeader
+from consistency.contract.models import ConsumerSpec
 from consistency.contract.schema import register
 
 REPLAY_CODES = tuple(F.CODES[c] for c in ("ACCEPTANCE_DROP", "ACCEPTANCE_LOW", "DRAFT_WEAK", "REPLAY_ESTIMATE"))
@@ -39,6 +40,8 @@ class SideReplay(BaseModel):
     accept_length: float = Field(description="Mean tokens per verification step, bonus token included (1..steps+1)")
     per_step: list[StepStats]
     hits: list[int] = Field(default_factory=list, description="Step-1 hit (1) or miss (0) per position")
+    recycle_fed: str | None = Field(None, description="MTP / EAGLE-1: what steps >= 2 were fed (recorded recycle.k, "
+                                    "or the draft's contract when the dump records none)")
 
 
 class DraftSummary(BaseModel):
@@ -57,6 +60,9 @@ class DraftSummary(BaseModel):
     aux_layer_ids: list[int] | None = None
     aux_ids_meaning: str | None = None
     sources: dict[str, str] = Field(default_factory=dict, description="Where embed_tokens, lm_head and d2t came from")
+    method: Literal["eagle3", "mtp", "eagle1"] = Field("eagle3", description="The draft's kind (docs/replay.md)")
+    consumer: ConsumerSpec | None = Field(None, description="MTP / EAGLE-1: how the draft consumes its inputs "
+                                          "(recycle, concat order, position-0 rule)")
 
 
 class Drop(BaseModel):
@@ -72,6 +78,8 @@ class ReplayReport(ReportHeader):
     """The JSON report of ``consistency replay`` (schemas/replay-report.schema.json)."""
 
     kind: Literal["replay"] = "replay"
+    method: Literal["eagle3", "mtp", "eagle1"] = Field("eagle3", description="The draft's kind: EAGLE-3 (aux streams), "
+                                                       "MTP (DeepSeek-V3 style NextN) or EAGLE-1/2")
     steps: int
     feed: Literal["own", "teacher"] = Field("own", description="What chained steps were fed: the draft's own proposals or the recorded tokens")
     max_drop_points: float

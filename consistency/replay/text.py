@@ -39,10 +39,13 @@ def render(rep: ReplayReport, con: Console, quiet: bool = False) -> None:
     d = rep.draft
     con.print(Text.assemble(("consistency replay ", "bold"), term(rep.reference.path), "  vs  ",
                             term(rep.candidate.path)))
-    con.print(Text(term(f"draft {d.path} ({d.layout} layout, {d.num_aux} aux slots x {d.target_hidden_size}, "
-                   f"hidden {d.hidden_size}, vocab {d.draft_vocab_size}/{d.target_vocab_size}; embed from "
-                   f"{d.sources.get('embed_tokens', '?')}, lm_head from {d.sources.get('lm_head', '?')}, "
-                   f"d2t {d.sources.get('d2t', '?')}); target {rep.target or '-'}; K={rep.steps} chained steps, "
+    what = (f"{d.layout} layout, {d.num_aux} aux slots x {d.target_hidden_size}, hidden {d.hidden_size}, vocab "
+            f"{d.draft_vocab_size}/{d.target_vocab_size}; embed from {d.sources.get('embed_tokens', '?')}, lm_head from "
+            f"{d.sources.get('lm_head', '?')}, d2t {d.sources.get('d2t', '?')}") if d.method == "eagle3" else (
+            f"{d.method}, {d.layout} layout, reads aux.0 x {d.hidden_size}, vocab {d.draft_vocab_size}; embed from "
+            f"{d.sources.get('embed_tokens', '?')}, lm_head from {d.sources.get('lm_head', '?')}; recycles "
+            f"{d.consumer.recycle.value if d.consumer else '?'}")
+    con.print(Text(term(f"draft {d.path} ({what}); target {rep.target or '-'}; K={rep.steps} chained steps, "
                    f"topk 1, fed its {'own proposals' if rep.feed == 'own' else 'recorded tokens'}"), style="dim"))
     con.print(verdict_line(rep))
     t = Table(show_edge=False, pad_edge=False)
@@ -63,6 +66,8 @@ def render(rep: ReplayReport, con: Console, quiet: bool = False) -> None:
                   f"{_pct(cs.conditional)} of {cs.reached}", "")
     t.add_row("tokens / chains", f"{r.tokens} / {r.anchors}", f"{c.tokens} / {c.anchors}", "")
     t.add_row("labels", Text(term(r.label_source)), Text(term(c.label_source)), "")
+    if r.recycle_fed or c.recycle_fed:  # MTP / EAGLE-1: what steps >= 2 read
+        t.add_row("recycle fed", Text(term(r.recycle_fed or "-")), Text(term(c.recycle_fed or "-")), "")
     con.print(t)
     if dr.lost or dr.gained:
         con.print(Text(f"position by position: {dr.lost} step-1 hits lost, {dr.gained} gained", style="dim"))

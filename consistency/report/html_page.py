@@ -185,6 +185,16 @@ def _heatmaps(rep: CompareReport) -> str:
     return head + figs[0] + legend + "".join(figs[1:])
 
 
+def _code_class(code: str) -> str:
+    """A slot code's colour comes from the code registry's severity, so a new code needs no edit here."""
+    c = CODES.get(code)
+    if code == "OK":
+        return "code-ok"
+    if c is not None and c.severity != Severity.error:
+        return "code-warn"
+    return "code-bad"  # an error, or a code this version does not know: never shown as fine
+
+
 def _slots(slots: list[SlotReport]) -> str:
     if not slots:
         return ""
@@ -195,8 +205,7 @@ def _slots(slots: list[SlotReport]) -> str:
                                                 if s.identified_stream is not None and s.identified_as
                                                 and not s.identified_as.startswith("hidden.") else "")
         conf = "-" if s.confidence is None else (">1e6" if s.confidence > 1e6 else f"{s.confidence:.3g}x")
-        cls = "code-ok" if s.code == "OK" else ("code-warn" if s.code in ("DTYPE_MISMATCH", "NUMERIC_DRIFT")
-                                                else "code-bad")
+        cls = _code_class(s.code)
         rows.append(f'<tr><td class="num">{s.slot}</td><td class="mono">{_e(s.tensor)}</td><td>{_e(exp)}</td>'
                     f'<td>{_e(holds)}</td><td class="num">{fmt(s.token_rel_diff) if s.token_rel_diff is not None else "-"}'
                     f'</td><td class="num">{_e(conf)}</td><td class="num">{_e(s.runner_up or "-")}</td>'

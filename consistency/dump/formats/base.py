@@ -17,7 +17,6 @@ from typing import Any
 
 import numpy as np
 
-from consistency.contract import conventions
 from consistency.contract.models import AuxInfo, DumpMetadata, TensorMeta
 from consistency.dump import dtypes
 from consistency.dump.reader import Dump, TensorView
@@ -122,6 +121,8 @@ def resolve_claims(path: Path, ids: Sequence[int] | None, convention: str | None
         if convention:
             return Claims(notes=[f"--convention {convention} ignored: no --layer-ids given"])
         return Claims()
+    from consistency.contract import conventions  # here: a plain compare never loads the conventions table
+
     spec = convention or default
     try:
         res = conventions.resolve(spec)

@@ -5,10 +5,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from consistency.errors import UsageError
-from consistency.lint.rules import ids, norms, parallel, serving, shapes, vocab
+from consistency.lint.rules import eagle1, ids, mtp, norms, parallel, serving, shapes, vocab
 from consistency.lint.rules.base import Hit, Rule
 
-REGISTRY: dict[str, Rule] = {r.code: r for m in (ids, shapes, vocab, norms, serving, parallel) for r in m.RULES}
+REGISTRY: dict[str, Rule] = {r.code: r for m in (ids, shapes, vocab, norms, serving, parallel, mtp, eagle1)
+                           for r in m.RULES}
 
 __all__ = ["REGISTRY", "Hit", "Rule", "select"]
 

@@ -5,13 +5,15 @@
 
 Python imports ``sitecustomize`` at start-up in every process, including the workers the
 engine spawns; :func:`consistency.record.patch.auto` then patches the engine's model classes
-as they are imported. If your environment already has a sitecustomize, call ``auto()``
-from it instead.
+as they are imported, and :func:`consistency.record.mtp_install.auto` its MTP draft classes.
+If your environment already has a sitecustomize, call both ``auto()`` from it instead.
 """
 
 import os
 
 if os.environ.get("CONSISTENCY_RECORD"):
+    from consistency.record import mtp_install
     from consistency.record.patch import auto
 
     auto()
+    mtp_install.auto()
