@@ -16,10 +16,11 @@ import numpy as np
 
 from consistency.compare.engine import Result
 from consistency.compare.identify import token_distance
-from consistency.compare.metrics import median, percentiles
+from consistency.compare.metrics import median
 from consistency.contract.findings import CODES
 from consistency.diagnose import draft_steps
-from consistency.diagnose.evidence import Evidence, Explanation, fit_column_scale, fit_scalar, rms_normalize
+from consistency.diagnose.evidence import Evidence, Explanation, fit_scalar
+from consistency.diagnose.normfit import looks_normed, norm_fit
 from consistency.dump import names
 
 Test = Callable[[Evidence, Result], "Explanation | None"]
@@ -150,47 +151,6 @@ def _from_components(ev: Evidence, r: Result, c: np.ndarray, before: float) -> E
                        None, {"proof": "components"})
 
 
-def _norm_fit(c: np.ndarray, x: np.ndarray) -> tuple[float, str, bool]:
-    """Best of RMSNorm/LayerNorm, with and without a fitted elementwise weight."""
-    out = []
-    for center, kind in ((False, "RMSNorm"), (True, "LayerNorm")):
-        n = rms_normalize(x, center)
-        plain = token_distance(c, n)
-        w = fit_column_scale(c, n)
-        weighted = token_distance(c, n * w)
-        # a fitted weight always fits noise a little better: claim it only when it matters
-        out.append((plain, kind, False) if plain <= 2 * weighted + 1e-12 else (weighted, kind, True))
-    return min(out)
-
-
-NORMED_SPREAD = 0.25  # a norm's output has near-equal row RMS: (p90 - p10) / median below this
-FLAT_SPREAD = 0.1  # below this the rows are flat whatever the weight
-# (unit weight: 0; SmolLM2-135M's final norm with its learned weight: 0.16; its streams: 0.35-0.52)
-
-
-def row_spread(x: np.ndarray) -> float:
-    """Spread of per-token RMS: ~0 for a norm's output (unit weight exactly), large for a
-    residual stream (massive activations, growing norms); a per-token scale raises it."""
-    rms = np.sqrt(np.mean(x * x, axis=1))
-    rms = rms[rms > 0]
-    if rms.size < 4:
-        return math.inf
-    p10, p50, p90 = percentiles(rms, [10, 50, 90])
-    return float((p90 - p10) / p50) if p50 > 0 else math.inf
-
-
-def _looks_normed(normed: np.ndarray, raw: np.ndarray, after: float, floor: float) -> bool:
-    """The structural check a norm story needs: the normed side's rows have near-equal RMS
-    and the raw side's do not. Flat rows (spread < FLAT_SPREAD: unit-weight norms, a bf16
-    forward's final norm) need the usual fit; rows as uneven as a learned weight makes them
-    (SmolLM2: 0.16) need a near-exact fit, because a tiny model's embedding is about that
-    flat too (0.17-0.25) and a per-token scale of it would otherwise read as a norm."""
-    a, b = row_spread(normed), row_spread(raw)
-    if b < 3 * a + 0.02:
-        return False
-    return a < FLAT_SPREAD or (a < NORMED_SPREAD and after <= 0.1 * floor)
-
-
 NORM_FIT_FLOORS = 2.0  # a bf16 forward's final norm fits within 1.6 floors (tiny DeepSeek-V3, last stream)
 
 
@@ -218,11 +178,11 @@ def norm_applied(ev: Evidence, r: Result) -> Explanation | None:
     if r.ident and r.ident.best and names.parse(r.ident.best.name).kind == names.FINAL_NORM and r.matched:
         return Explanation("NORM_APPLIED", "holds the final norm's output (post-norm); expected the pre-norm stream",
                            before, r.ident.best.distance, r.ident.best.name, {"norm": "final_norm"})
-    d, kind, weighted = _norm_fit(c, e)
+    d, kind, weighted = norm_fit(c, e)
     if c.shape[0] < 8 and weighted:
         return None  # too few rows to fit a weight honestly
     noise = ev.cmp.noise_floor(r, user=False)[0]
-    if not _looks_normed(c, e, d, noise) or _ref_is_normed(ev, r) or not _exact_enough(ev, r, d):
+    if not looks_normed(c, e, d, noise) or _ref_is_normed(ev, r) or not _exact_enough(ev, r, d):
         return None
     s, n = ev.cmp.stream_of(r.ref.name) if r.ref else None, ev._num_layers()
     where = "HF's post-norm last hidden state" if s is not None and s == n else \
@@ -236,11 +196,11 @@ def norm_missing(ev: Evidence, r: Result) -> Explanation | None:
     before, c, e = ev.before(r), ev.cand(r), ev.expected(r)
     if before is None or c is None or e is None:
         return None
-    d, kind, weighted = _norm_fit(e, c)
+    d, kind, weighted = norm_fit(e, c)
     if c.shape[0] < 8 and weighted:
         return None
     noise = ev.cmp.noise_floor(r, user=False)[0]
-    if not (_ref_is_normed(ev, r) or _looks_normed(e, c, d, noise)) or not _exact_enough(ev, r, d):
+    if not (_ref_is_normed(ev, r) or looks_normed(e, c, d, noise)) or not _exact_enough(ev, r, d):
         return None  # nothing says the expected tensor is a norm's output
     raw = r.ident.best.name if r.ident and r.ident.best and names.parse(r.ident.best.name).kind == names.HIDDEN else None
     return Explanation("NORM_MISSING", f"is the raw (pre-norm) stream{' ' + raw if raw else ''}; the expected tensor "

@@ -1,0 +1,68 @@
+"""Is one tensor another one after a norm? The structural tests the norm hypotheses share.
+
+A norm story must survive two look-alikes: a per-column scale (a weight without the
+per-row division) and a per-token scale of a tensor whose rows are already flat. The tests
+below tell them apart by the rows' RMS spread and by which fit is exact.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from consistency.compare.identify import token_distance
+from consistency.compare.metrics import percentiles
+from consistency.diagnose.evidence import fit_column_scale, rms_normalize
+
+
+def norm_fit(c: np.ndarray, x: np.ndarray) -> tuple[float, str, bool]:
+    """Best of RMSNorm/LayerNorm, with and without a fitted elementwise weight."""
+    out = []
+    for center, kind in ((False, "RMSNorm"), (True, "LayerNorm")):
+        n = rms_normalize(x, center)
+        plain = token_distance(c, n)
+        w = fit_column_scale(c, n)
+        weighted = token_distance(c, n * w)
+        # a fitted weight always fits noise a little better: claim it only when it matters
+        out.append((plain, kind, False) if plain <= 2 * weighted + 1e-12 else (weighted, kind, True))
+    return min(out)
+
+
+NORMED_SPREAD = 0.25  # a norm's output has near-equal row RMS: (p90 - p10) / median below this
+FLAT_SPREAD = 0.1  # below this the rows are flat whatever the weight
+# (unit weight: 0; SmolLM2-135M's final norm with its learned weight: 0.16; its streams: 0.35-0.52)
+
+
+def row_spread(x: np.ndarray) -> float:
+    """Spread of per-token RMS: ~0 for a norm's output (unit weight exactly), large for a
+    residual stream (massive activations, growing norms); a per-token scale raises it."""
+    rms = np.sqrt(np.mean(x * x, axis=1))
+    rms = rms[rms > 0]
+    if rms.size < 4:
+        return math.inf
+    p10, p50, p90 = percentiles(rms, [10, 50, 90])
+    return float((p90 - p10) / p50) if p50 > 0 else math.inf
+
+
+def looks_normed(normed: np.ndarray, raw: np.ndarray, after: float, floor: float) -> bool:
+    """The structural check a norm story needs: the normed side's rows have near-equal RMS
+    and the raw side's do not. Flat rows (spread < FLAT_SPREAD: unit-weight norms, a bf16
+    forward's final norm) need the usual fit; rows as uneven as a learned weight makes them
+    (SmolLM2: 0.16) need a near-exact fit, because a tiny model's embedding is about that
+    flat too (0.17-0.25) and a per-token scale of it would otherwise read as a norm."""
+    if after <= 0.1 * floor and needs_the_norm(normed, raw, floor):
+        return True  # exact only through the per-row division: that is what a norm is
+    a, b = row_spread(normed), row_spread(raw)
+    if b < 3 * a + 0.02:
+        return False
+    return a < FLAT_SPREAD or (a < NORMED_SPREAD and after <= 0.1 * floor)
+
+
+def needs_the_norm(normed: np.ndarray, raw: np.ndarray, floor: float) -> bool:
+    """A learned gain far from 1 (DeepSeek-V3-like: 1 + 0.5 randn, a channel near 0) makes a
+    norm's rows as uneven as a stream's, so the spread test above cannot see it; but a fit
+    that is exact with the per-row division and far off with a per-column scale alone cannot
+    be anything else (a per-token scale of a flat tensor fits neither way)."""
+    w = fit_column_scale(normed, raw)
+    return token_distance(normed, raw * w) > 10 * floor
