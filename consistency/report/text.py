@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from consistency.contract.findings import CompareReport, Finding, Severity
+from consistency.contract.findings import CODES, CompareReport, Finding, Severity
 from consistency.report.alignment import alignment_line
 from consistency.report.escape import term
 
@@ -51,7 +51,7 @@ def render(rep: CompareReport, con: Console, quiet: bool = False, show_ok: bool 
             holds = _stream(s.identified_as, s.identified_stream)
             conf = "-" if s.confidence is None else (">1e6" if s.confidence > 1e6 else f"{s.confidence:.3g}x")
             trd = "-" if s.token_rel_diff is None else f"{s.token_rel_diff:.2e}"
-            code_style = "green" if s.code == "OK" else ("yellow" if s.code in ("DTYPE_MISMATCH", "NUMERIC_DRIFT") else "red")
+            code_style = _code_style(s.code)
             t.add_row(Text(str(s.slot)), Text(term(s.tensor)), Text(term(exp)), Text(term(holds)), Text(trd),
                       Text(conf), Text(term(s.code), style=code_style))
         con.print(t)
@@ -113,3 +113,11 @@ def _message(f: Finding) -> Text:
         t.append(f"\n  fix: {term(f.fix)}", style="cyan")
     return t
 
+
+def _code_style(code: str) -> str:
+    """A slot code's colour comes from the code registry's severity (as in the HTML report):
+    a new code needs no edit here, and a code this version does not know is shown as an error."""
+    c = CODES.get(code)
+    if code == "OK":
+        return "green"
+    return "yellow" if c is not None and c.severity != Severity.error else "red"
