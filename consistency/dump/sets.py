@@ -60,14 +60,11 @@ def _plain_dump(p: Path) -> Dump | None:
     safetensors); a ``.safetensors`` file recording our metadata is a dump (speculators
     files never carry it). The content check that refuses a mislabelled file runs first.
     """
-    from consistency.dump.formats import check_content, content_kind
+    from consistency.dump.formats import checked_head, content_kind
 
-    try:
-        with open(p, "rb") as fh:
-            head = fh.read(16)
-    except OSError:
+    head = checked_head(p)
+    if head is None:
         return None
-    check_content(p, head)
     name = p.name.lower()
     if name.endswith(".npz") and content_kind(head) == "zip":
         return Dump(p)

@@ -87,15 +87,24 @@ def check_content(path: Path, head: bytes) -> None:
                            "guess)")
 
 
-def detect(path: Path) -> Format | None:
-    """The foreign format of ``path``, or None for a dump (or anything else); a file whose
-    content contradicts its name is refused here (:func:`check_content`)."""
+def checked_head(path: Path) -> bytes | None:
+    """The first 16 bytes of ``path`` (None when it cannot be read), after the content check
+    that refuses a file whose content contradicts its name (:func:`check_content`)."""
     try:
         with open(path, "rb") as fh:
             head = fh.read(16)
     except OSError:
         return None
     check_content(path, head)
+    return head
+
+
+def detect(path: Path) -> Format | None:
+    """The foreign format of ``path``, or None for a dump (or anything else); a file whose
+    content contradicts its name is refused here (:func:`check_content`)."""
+    head = checked_head(path)
+    if head is None:
+        return None
     for make in REGISTRY:
         fmt = make()
         if fmt.sniff(path, head):
