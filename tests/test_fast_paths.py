@@ -1,7 +1,7 @@
 """The fast paths of issue 17 give the answers of the plain ones.
 
 Fused block metrics against fp64 sums computed here; a pair split between workers against
-the same pair folded on one thread; the in-house metadata diff against DeepDiff; the
+the same pair folded on one thread (the metadata diff against DeepDiff: test_metadiff.py); the
 numpy.ma-free median/percentiles against numpy; the direct open of a plain dump against
 the content check it must still run.
 """

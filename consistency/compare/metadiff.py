@@ -1,40 +1,25 @@
-"""What differs in the two dumps' metadata, as a structured diff (deepdiff).
+"""What differs in the two dumps' metadata, as a structured diff.
 
 Each difference is classified: layout-only fields (stride, contiguity, device, how the
 tensor was produced -- the seed's ``.clone()`` against an add) cannot change values and
 are information, said so explicitly because users suspect them; claims that change
 meaning (stream ids, convention, model shape) are warnings; bookkeeping is information.
+
+The diff is DeepDiff's (``DeepDiff(a, b, verbose_level=2).tree``: the same kinds, paths and
+values, the same "a dict sharing under a third of its keys is one changed value" rule) for
+the only trees it is ever given here -- JSON objects whose lists were made atomic strings --
+computed by a short walk: importing deepdiff cost 0.2 G instructions, 16 % of a small
+compare's start-up (issue 17; docs/dependencies.md), and DeepDiff groups its kinds in an
+order that changes with the interpreter's hash seed. tests/test_metadiff.py checks the walk
+against deepdiff itself on random trees. Entries come in the reference's key order, what
+only the candidate has last.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from deepdiff import DeepDiff
-
 import json
 import re
-from functools import lru_cache
 from typing import Any
-
-
-@lru_cache(maxsize=1)
-def _deepdiff():  # noqa: ANN202
-    """Import deepdiff without its optional pandas/polars support: importing pandas costs
-    ~0.4 s and ~50 MB, and metadata is plain JSON (bench/bench_compare.py measures start-up)."""
-    import sys
-
-    blocked = {m: sys.modules.get(m) for m in ("pandas", "polars") if m not in sys.modules}
-    for m in blocked:
-        sys.modules[m] = None  # type: ignore[assignment]
-    try:
-        from deepdiff import DeepDiff
-    finally:
-        for m in blocked:
-            if sys.modules.get(m) is None:
-                del sys.modules[m]
-    return DeepDiff
 
 from consistency.contract.findings import MetaDiff, Severity
 from consistency.contract.models import DumpMetadata
@@ -42,6 +27,40 @@ from consistency.contract.models import DumpMetadata
 LAYOUT_FIELDS = {"stride", "contiguous", "device", "producer"}
 MEANINGFUL = re.compile(r"^(aux\.(stream_ids|convention|residual|norm)|model\.(num_layers|hidden_size|vocab_size|architecture))")
 IGNORED = re.compile(r"^(created|tool_version|tensors\..+\.(shape|dtype)$|side$|prompt$|extra|format)")
+# DeepDiff's ``threshold_to_diff_deeper`` default (deepdiff >= 8): below this share of
+# common keys, two dicts are reported as one changed value rather than key by key
+DIFF_DEEPER = 0.33
+
+Change = tuple[str, list[Any], Any, Any]  # kind, path, reference value, candidate value
+
+
+def changes(a: Any, b: Any) -> list[Change]:
+    """Every difference between JSON trees ``a`` and ``b`` (lists and other non-dict values
+    are atomic), as DeepDiff's tree reports it with ``verbose_level=2``."""
+    out: list[Change] = []
+    _walk(a, b, [], out)
+    return out
+
+
+def _walk(a: Any, b: Any, path: list[Any], out: list[Change]) -> None:
+    if type(a) is not type(b):  # 1 vs 1.0, True vs 1, None vs a value, a dict vs a string
+        out.append(("type_changes", path, a, b))
+        return
+    if not isinstance(a, dict):
+        if a != b:
+            out.append(("values_changed", path, a, b))
+        return
+    common = [k for k in b if k in a]
+    union = len(a) + len(b) - len(common)
+    if union > 1 and len(common) / union < DIFF_DEEPER:
+        out.append(("values_changed", path, a, b))
+        return
+    for k in a:  # the reference's order, then what only the candidate has
+        if k in b:
+            _walk(a[k], b[k], [*path, k], out)
+        else:
+            out.append(("dictionary_item_removed", [*path, k], a[k], None))
+    out.extend(("dictionary_item_added", [*path, k], None, b[k]) for k in b if k not in a)
 
 
 def _plain(meta: DumpMetadata | None) -> dict[str, Any]:
@@ -70,10 +89,10 @@ def diff(ref: DumpMetadata | None, cand: DumpMetadata | None, pairs: dict[str, s
     ta, tb = a.pop("tensors", {}), b.pop("tensors", {})
     out: list[MetaDiff] = []
     if a and b and not _same(_unignored(a, b), _unignored(b, a)):
-        out += _entries(_deepdiff()(a, b, ignore_order=False, verbose_level=2), "")
+        out += _entries(changes(a, b), "")
     for cname, rname in pairs.items():
-        if cname in tb and rname in ta and not _same(ta[rname], tb[cname]):
-            out += _entries(_deepdiff()(ta[rname], tb[cname], verbose_level=2), f"tensors.{cname}.")
+        if cname in tb and rname in ta:
+            out += _entries(changes(ta[rname], tb[cname]), f"tensors.{cname}.")
     return [d for d in out if not IGNORED.match(d.path)]
 
 
@@ -87,8 +106,7 @@ def _unignored(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
 
 
 def _same(a: Any, b: Any) -> bool:
-    """Equal values of equal types all the way down: DeepDiff would report nothing, so it is
-    not run (it costs ~0.5 ms a call: minutes for a dump of 100,000 tensors, and its import)."""
+    """Equal values of equal types all the way down (no difference would be reported)."""
     if type(a) is not type(b):
         return False
     if isinstance(a, dict):
@@ -98,22 +116,20 @@ def _same(a: Any, b: Any) -> bool:
     return bool(a == b) if isinstance(a, (str, int, float, bool, type(None))) else False
 
 
-def _entries(dd: DeepDiff, prefix: str) -> list[MetaDiff]:
+def _entries(found: list[Change], prefix: str) -> list[MetaDiff]:
     out: list[MetaDiff] = []
-    tree = dd.tree
-    for kind, items in tree.items():
-        for item in items:
-            path = prefix + _path(item.path(output_format="list"))
-            ref_v = None if kind.endswith("added") else _jsonable(item.t1)
-            cand_v = None if kind.endswith("removed") else _jsonable(item.t2)
-            leaf = path.rsplit(".", 1)[-1]
-            if path.startswith("tensors.") and leaf in LAYOUT_FIELDS:
-                sev, change = Severity.info, "layout only: does not change values"
-            elif MEANINGFUL.match(path):
-                sev, change = Severity.warning, kind.replace("_", " ")
-            else:
-                sev, change = Severity.info, kind.replace("_", " ")
-            out.append(MetaDiff(path=path, reference=ref_v, candidate=cand_v, change=change, severity=sev))
+    for kind, at, ref, cand in found:
+        path = prefix + _path(at)
+        ref_v = None if kind.endswith("added") else _jsonable(ref)
+        cand_v = None if kind.endswith("removed") else _jsonable(cand)
+        leaf = path.rsplit(".", 1)[-1]
+        if path.startswith("tensors.") and leaf in LAYOUT_FIELDS:
+            sev, change = Severity.info, "layout only: does not change values"
+        elif MEANINGFUL.match(path):
+            sev, change = Severity.warning, kind.replace("_", " ")
+        else:
+            sev, change = Severity.info, kind.replace("_", " ")
+        out.append(MetaDiff(path=path, reference=ref_v, candidate=cand_v, change=change, severity=sev))
     return out
 
 

@@ -1,0 +1,124 @@
+"""The metadata diff is DeepDiff's: deepdiff itself is the oracle (a test dependency).
+
+compare/metadiff.py walks the two JSON trees itself (deepdiff's import was 16 % of a small
+compare's start-up, issue 17). These tests hold the walk to ``DeepDiff(a, b,
+verbose_level=2).tree`` on random trees of the only shape it is given (JSON objects whose
+lists are atomic strings), and check the report through a real compare.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from consistency.compare import metadiff
+
+deepdiff = pytest.importorskip("deepdiff")
+
+KEYS = st.sampled_from(["a", "b", "c", "d", "stride", "aux", "x y", "1"])
+LEAVES = st.one_of(st.none(), st.booleans(), st.integers(-3, 3), st.floats(allow_nan=False, width=64),
+                   st.sampled_from([0.0, -0.0, 1.0, 2.5]), st.text(max_size=4), st.sampled_from(["[0, 3]", "[3, 7]"]))
+TREES = st.recursive(LEAVES, lambda kids: st.dictionaries(KEYS, kids, max_size=5), max_leaves=14)
+
+
+def _oracle(a: object, b: object) -> list[tuple]:
+    """DeepDiff's tree as (kind, path, reference, candidate); absent sides are None."""
+    out = []
+    for kind, items in deepdiff.DeepDiff(a, b, ignore_order=False, verbose_level=2).tree.items():
+        for item in items:
+            t1 = None if kind.endswith("added") else item.t1
+            t2 = None if kind.endswith("removed") else item.t2
+            out.append((kind, tuple(item.path(output_format="list")), repr(t1), repr(t2)))
+    return sorted(out)
+
+
+def _ours(a: object, b: object) -> list[tuple]:
+    return sorted((k, tuple(p), repr(x), repr(y)) for k, p, x, y in metadiff.changes(a, b))
+
+
+def _mutate(a: object, data: st.DataObject) -> object:
+    """A tree near ``a`` (most keys shared), so the walk goes deep rather than stopping at the root."""
+    if not isinstance(a, dict) or data.draw(st.integers(0, 9)) == 0:
+        return data.draw(TREES)
+    out = {k: (_mutate(v, data) if data.draw(st.booleans()) else v) for k, v in a.items()
+           if data.draw(st.integers(0, 5))}
+    for k in data.draw(st.lists(KEYS, max_size=2)):
+        out.setdefault(k, data.draw(LEAVES))
+    return out
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(a=TREES, data=st.data())
+def test_walk_equals_deepdiff_on_random_trees(a: object, data: st.DataObject) -> None:
+    b = _mutate(a, data) if data.draw(st.booleans()) else data.draw(TREES)
+    assert _ours(a, b) == _oracle(a, b)
+    assert _ours(b, a) == _oracle(b, a)
+
+
+def test_every_kind_and_the_deeper_threshold_by_construction() -> None:
+    a = {"runtime": {"name": "t", "version": "5"}, "aux": {"stream_ids": "[0, 3]", "convention": "stream"},
+         "x": 1, "y": True, "z": None, "t": {"p": 1, "q": 2, "r": 3}}
+    b = {"runtime": {"name": "s"}, "aux": {"stream_ids": "[3, 7]", "convention": "stream", "n": 2},
+         "x": 1.0, "y": 1, "z": "a", "t": {"u": 1, "v": 2, "w": 3}}
+    got = metadiff.changes(a, b)
+    assert got == [
+        ("values_changed", ["runtime", "name"], "t", "s"),
+        ("dictionary_item_removed", ["runtime", "version"], "5", None),
+        ("values_changed", ["aux", "stream_ids"], "[0, 3]", "[3, 7]"),
+        ("dictionary_item_added", ["aux", "n"], None, 2),
+        ("type_changes", ["x"], 1, 1.0),  # an int and a float are two types to DeepDiff too
+        ("type_changes", ["y"], True, 1),
+        ("type_changes", ["z"], None, "a"),
+        ("values_changed", ["t"], {"p": 1, "q": 2, "r": 3}, {"u": 1, "v": 2, "w": 3}),  # no key shared: one change
+    ]
+    assert sorted((k, tuple(p), repr(x), repr(y)) for k, p, x, y in got) == _oracle(a, b)
+    assert metadiff.changes(a, a) == []
+
+
+def _pair(tmp_path, ref_ids: list[int], cand_ids: list[int]):  # noqa: ANN202
+    from consistency.contract.models import AuxInfo, DumpMetadata, ModelInfo, RuntimeInfo
+    from consistency.dump.writer import write_dump
+
+    rng = np.random.default_rng(0)
+    x = {f"hidden.{s}": rng.standard_normal((8, 16)).astype(np.float32) for s in range(4)}
+    model = ModelInfo(num_layers=3, hidden_size=16)
+    a = write_dump(tmp_path / "a.npz", x, DumpMetadata(side="training", model=model, aux=AuxInfo(stream_ids=ref_ids),
+                                                        runtime=RuntimeInfo(name="transformers", version="5.19.0")))
+    b = write_dump(tmp_path / "b.npz", {f"aux.{i}": x[f"hidden.{s}"] for i, s in enumerate(cand_ids)},
+                   DumpMetadata(side="serving", model=model, aux=AuxInfo(stream_ids=cand_ids),
+                                runtime=RuntimeInfo(name="sglang")))
+    return a, b
+
+
+def test_report_diff_through_a_real_compare(tmp_path) -> None:
+    """Stream ids that differ are one warning (the list is one value); the runtime's name and
+    version are information; the order is the metadata's own, whatever the hash seed."""
+    from consistency.diagnose.pipeline import run
+
+    a, b = _pair(tmp_path, [0, 1, 2], [1, 2, 3])
+    rep = run(str(a), str(b))
+    got = [(d.path, d.reference, d.candidate, d.change, d.severity.value) for d in rep.metadata_diff]
+    assert got == [("runtime.name", "transformers", "sglang", "values changed", "info"),
+                   ("runtime.version", "5.19.0", None, "dictionary item removed", "info"),
+                   ("aux.stream_ids", [0, 1, 2], [1, 2, 3], "values changed", "warning")]
+    assert [f.message for f in rep.findings if f.code == "METADATA_DIFF"] == \
+        ["metadata aux.stream_ids: reference [0, 1, 2], candidate [1, 2, 3]"]
+    code = ("import sys; from consistency.diagnose.pipeline import run; "
+            "print([d.path for d in run(sys.argv[1], sys.argv[2]).metadata_diff])")
+    seen = {subprocess.run([sys.executable, "-c", code, str(a), str(b)], capture_output=True, text=True, check=True,
+                           env={**os.environ, "PYTHONHASHSEED": str(seed)}).stdout for seed in (1, 2, 3)}
+    assert len(seen) == 1, seen
+
+
+def test_compare_never_imports_deepdiff(tmp_path) -> None:
+    a, b = _pair(tmp_path, [0, 1, 2], [1, 2, 3])
+    code = ("import sys; from consistency.cli import run\ntry:\n    run(['compare', sys.argv[1], sys.argv[2], '-q'])\n"
+            "except SystemExit:\n    pass\nprint('deepdiff' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code, str(a), str(b)], capture_output=True, text=True, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "False"
