@@ -123,3 +123,30 @@ def test_bf16_widening_is_exact() -> None:
     got = stream._widen(v, bits, stream.scratch(), "t")
     want = to_float(bits, "bfloat16")
     assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+def test_one_scan_gives_each_pairs_own_distance_row(tmp_path: Path) -> None:
+    """identify.scan (one pass over the reference sample for every wanted row, from two
+    Fingerprints at once) memoizes exactly the rows computed pair by pair from fp64 sums."""
+    from consistency.compare import identify
+
+    rng = np.random.default_rng(3)
+    x = [rng.standard_normal((40, 96)).astype(np.float32)]
+    for _ in range(6):
+        x.append(x[-1] + 0.3 * rng.standard_normal((40, 96)).astype(np.float32))
+    r = write_dump(tmp_path / "r.safetensors", {f"hidden.{i}": a for i, a in enumerate(x)})
+    c = write_dump(tmp_path / "c.safetensors", {"aux.0": x[2] + 1e-3, "aux.1": x[5]})
+    with open_dump(r) as rd, open_dump(c) as cd:
+        idx = identify.sample_index(40, 24)
+        rfp = identify.Fingerprints(list(rd.tensors.values()), idx)
+        cfp = identify.Fingerprints(list(cd.tensors.values()), idx)
+        identify.scan(rfp, [(cfp, "aux.0"), (cfp, "aux.1"), (rfp, "hidden.2"), (rfp, "hidden.0")])
+        assert len(cfp._memo) == 2 and len(rfp._memo) == 2
+        for fp, name in ((cfp, "aux.0"), (cfp, "aux.1"), (rfp, "hidden.2"), (rfp, "hidden.0")):
+            a = fp.rows(name)
+            want = []
+            for ref in rfp.names:
+                b = rfp.rows(ref)
+                d = a - b
+                want.append(np.mean((d * d).sum(1) / ((a * a).sum(1) + (b * b).sum(1))))
+            np.testing.assert_allclose(fp.distances(name, rfp), want, rtol=1e-9, atol=1e-15)

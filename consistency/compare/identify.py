@@ -162,44 +162,18 @@ class Fingerprints:
         else:
             dots = np.matmul(src.stack, x[:, :, None])[..., 0]  # [k, n]
             out = _rel(self.sqn[:, self.pos[a]][:, None] + src.sqn, dots)
-        self._memo[key] = out
-        if len(self._memo) > self._memo_rows:  # bounded: a row per candidate would be O(n²) memory
-            self._memo.popitem(last=False)
+        self._remember(key, out)
         return out
 
     def prefetch(self, many: Sequence[str], other: Fingerprints | None = None) -> None:
-        """Memoize :meth:`distances` of several names of self in one pass over ``other``'s
-        stack rather than one pass per name: the stack is the sample of every reference, and
-        compare ranks every slot and measures the gap of every expected reference against it.
-        Per sampled row, m products with the row of every reference while it is in cache;
-        the sampled rows are split between the workers (a Kimi-sized reference is
-        65 x 7168 per row, 52 rows: 0.07 s on one thread of the 16-core machine)."""
-        src = other if other is not None else self
-        todo = [a for a in dict.fromkeys(many) if a in self.pos and (a, id(src)) not in self._memo]
-        if len(todo) < 2 or src.stack.shape[0] != self.stack.shape[0] or src.stack.shape[2] != self.stack.shape[2] \
-                or self.stack.shape[0] == 0:
-            return
-        k, n, h = src.stack.shape
-        step = max(1, min(self._memo_rows, MEMO_BYTES // max(1, 8 * k * n)))
-        for i in range(0, len(todo), step):
-            part = todo[i:i + step]
-            at = np.array([self.pos[a] for a in part], dtype=np.int64)
-            dots = np.empty((k, n, len(part)))  # [k, n, m]
+        """Memoize :meth:`distances` of several names of self against ``other`` (None:
+        self) in one pass over its stack (:func:`scan`)."""
+        scan(other if other is not None else self, [(self, a) for a in many])
 
-            def fill(rows: range, at: np.ndarray = at, dots: np.ndarray = dots) -> None:
-                for r in rows:  # m products with one [n, h] slice (BLAS gemv beat one gemm on both machines)
-                    ref_rows = src.stack[r]
-                    for j, p in enumerate(at):
-                        dots[r, :, j] = ref_rows @ self.stack[r, p]
-
-            n_workers = stream.workers() if k * n * h * len(part) >= 8 * stream.SMALL_BYTES else 1
-            spans = [range(k * w // n_workers, k * (w + 1) // n_workers) for w in range(n_workers)]
-            with stream.pool(n_workers) as ex:
-                stream.run(ex, fill, [sp for sp in spans if len(sp)])
-            for j, a in enumerate(part):
-                self._memo[(a, id(src))] = _rel(self.sqn[:, at[j]][:, None] + src.sqn, dots[:, :, j])
-                if len(self._memo) > self._memo_rows:
-                    self._memo.popitem(last=False)
+    def _remember(self, key: tuple[str, int], row: np.ndarray) -> None:
+        self._memo[key] = row
+        if len(self._memo) > self._memo_rows:  # bounded: a row per candidate would be O(n²) memory
+            self._memo.popitem(last=False)
 
     def distance(self, a: str, b: str, other: Fingerprints | None = None) -> float:
         """One pair, O(sample) work: a memoized row when there is one, else just this pair."""
@@ -220,19 +194,41 @@ def prefetch(cand_fp: dict[tuple[int, int], Fingerprints], ref_fp: dict[tuple[in
              pairs: Sequence[tuple[TensorView, TensorView | None]]) -> None:
     """The distances compare will ask for on each (slot, expected reference) pair -- the
     slot ranked against every reference, the expected reference's neighbour gap -- in one
-    pass over each reference sample instead of one pass per name."""
-    wanted: dict[tuple[int, int], tuple[list[str], list[str]]] = {}
+    pass over each reference sample for all of them."""
+    wanted: dict[tuple[int, int], list[tuple[Fingerprints, str]]] = {}
     for cand, ref in pairs:
         key = (cand.rows, cand.cols)
         if not (cand.is_float and cand.cols > 1) or key not in ref_fp or key not in cand_fp:
             continue
-        cands, refs = wanted.setdefault(key, ([], []))
-        cands.append(cand.name)
+        todo = wanted.setdefault(key, [])
+        todo.append((cand_fp[key], cand.name))
         if ref is not None and ref.name in ref_fp[key]:
-            refs.append(ref.name)
-    for key, (cands, refs) in wanted.items():
-        cand_fp[key].prefetch(cands, ref_fp[key])
-        ref_fp[key].prefetch(refs)
+            todo.append((ref_fp[key], ref.name))
+    for key, todo in wanted.items():
+        scan(ref_fp[key], todo)
+
+
+def scan(src: Fingerprints, wanted: Sequence[tuple[Fingerprints, str]]) -> None:
+    """Memoize the distance row of every (fingerprints, name) in ``wanted`` against all of
+    ``src`` in one pass over ``src``'s stack (the sample of every reference, ~200 MB for a
+    Kimi-sized dump): per sampled row, one [n, h] x [h, m] product (BLAS, threaded by the
+    library) while that row of every reference is in cache. On the 16-core machine this
+    is 15 ms for the six rows a 3-slot compare needs, against 80 ms as six passes of
+    products from our own threads (bench/results, issue 17)."""
+    todo = [(fp, a) for fp, a in dict.fromkeys(wanted) if a in fp.pos and (a, id(src)) not in fp._memo
+            and fp.stack.shape[0] == src.stack.shape[0] and fp.stack.shape[2] == src.stack.shape[2]]
+    if len(todo) < 2 or src.stack.shape[0] == 0:
+        return  # one row: distances() computes it directly
+    k, n, _h = src.stack.shape
+    step = max(1, min(min(fp._memo_rows for fp, _a in todo), MEMO_BYTES // max(1, 8 * k * n)))
+    for i in range(0, len(todo), step):
+        part = todo[i:i + step]
+        vecs = np.stack([fp.stack[:, fp.pos[a]] for fp, a in part], axis=1)  # [k, m, h]
+        dots = np.empty((k, n, len(part)))
+        for r in range(k):
+            np.matmul(src.stack[r], vecs[r].T, out=dots[r])
+        for j, (fp, a) in enumerate(part):
+            fp._remember((a, id(src)), _rel(fp.sqn[:, fp.pos[a]][:, None] + src.sqn, dots[:, :, j]))
 
 
 def _rel(den: np.ndarray, dots: np.ndarray) -> np.ndarray:

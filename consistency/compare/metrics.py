@@ -36,7 +36,7 @@ def row_rel_diff(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     return out
 
 
-BLOCK_ELEMS = 1 << 17  # elements per block (512 KB in fp32): a block's passes run in the core's cache (L2/L3)
+BLOCK_ELEMS = 1 << 18  # elements per block (1 MB in fp32): fewer GIL trips per byte than 1<<17, still cache-sized (bench: 16-core 0.116 s vs 0.135 s at 4 workers, Kimi 3 pairs)
 
 
 class Scratch:

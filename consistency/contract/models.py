@@ -31,7 +31,7 @@ class NormState(str, Enum):
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=False)
+    model_config = ConfigDict(extra="forbid", frozen=False, defer_build=True)
 
 
 class RuntimeInfo(Strict):
