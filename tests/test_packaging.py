@@ -9,11 +9,13 @@ no checkout in sight: the demo (embedded tiny model + committed draft), schema e
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import subprocess
 import sys
 import sysconfig
+import tempfile
 import zipfile
 from pathlib import Path
 
@@ -34,8 +36,12 @@ def _run(*cmd: str | Path, cwd: Path, env: dict[str, str] | None = None,
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, str]:
     tmp = tmp_path_factory.mktemp("wheel")
-    # build isolation, as a user's `pip wheel .`: the pinned build backend, not whatever the venv holds
-    build = _run(sys.executable, "-m", "pip", "wheel", str(ROOT), "--no-deps", "-w", tmp / "dist", cwd=tmp)
+    # build isolation, as a user's `pip wheel .`: the pinned build backend, not whatever the venv holds.
+    # setuptools builds in the checkout's build/: two xdist workers that each run this fixture
+    # (worksteal splits a module) take turns, or one deletes the other's files mid-build
+    with open(Path(tempfile.gettempdir()) / f"consistency-wheel-{os.getuid()}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        build = _run(sys.executable, "-m", "pip", "wheel", str(ROOT), "--no-deps", "-w", tmp / "dist", cwd=tmp)
     assert build.returncode == 0, build.stderr[-3000:]
     whl = next((tmp / "dist").glob("consistency-*.whl"))
     venv = tmp / "venv"
