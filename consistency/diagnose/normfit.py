@@ -51,7 +51,7 @@ def looks_normed(normed: np.ndarray, raw: np.ndarray, after: float, floor: float
     forward's final norm) need the usual fit; rows as uneven as a learned weight makes them
     (SmolLM2: 0.16) need a near-exact fit, because a tiny model's embedding is about that
     flat too (0.17-0.25) and a per-token scale of it would otherwise read as a norm."""
-    if after <= 0.1 * floor and needs_the_norm(normed, raw, floor):
+    if after <= 0.1 * floor and needs_the_norm(normed, raw, floor, after):
         return True  # exact only through the per-row division: that is what a norm is
     a, b = row_spread(normed), row_spread(raw)
     if b < 3 * a + 0.02:
@@ -59,10 +59,24 @@ def looks_normed(normed: np.ndarray, raw: np.ndarray, after: float, floor: float
     return a < FLAT_SPREAD or (a < NORMED_SPREAD and after <= 0.1 * floor)
 
 
-def needs_the_norm(normed: np.ndarray, raw: np.ndarray, floor: float) -> bool:
+PER_ROW_GAIN = 100.0  # the per-row division must bring the fit this much closer than a per-column scale alone
+
+
+def needs_the_norm(normed: np.ndarray, raw: np.ndarray, floor: float, after: float | None = None) -> bool:
     """A learned gain far from 1 (DeepSeek-V3-like: 1 + 0.5 randn, a channel near 0) makes a
     norm's rows as uneven as a stream's, so the spread test above cannot see it; but a fit
     that is exact with the per-row division and far off with a per-column scale alone cannot
-    be anything else (a per-token scale of a flat tensor fits neither way)."""
+    be anything else (a per-token scale of a flat tensor fits neither way).
+
+    "Far off" is 10 floors, or -- when the normed rows are not flat (spread >= FLAT_SPREAD)
+    -- above one floor and PER_ROW_GAIN times the norm's own fit (``after``): a tiny model's
+    raw stream over 16 tokens can be nearly as flat as its norm's output (spreads 0.18 and
+    0.175: a column scale alone then comes within 1.8 floors while the norm fits to 5e-4 of
+    one; tests/scenarios/mtp.py, thin reference, bf16). The look-alikes stay out: a per-token
+    scale of uneven rows fits a norm only to about the square of their spread, and a
+    global or per-column scale fits the column scale exactly."""
     w = fit_column_scale(normed, raw)
-    return token_distance(normed, raw * w) > 10 * floor
+    col = token_distance(normed, raw * w)
+    if col > 10 * floor:
+        return True
+    return after is not None and col > floor and after * PER_ROW_GAIN <= col and row_spread(normed) >= FLAT_SPREAD

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -365,7 +366,10 @@ def main(argv: list[str]) -> int:
     types = {f.name: f.type for f in dataclasses.fields(MtpScenario)}
     kw: dict[str, Any] = {}
     for a in argv:
-        k, _, v = a.partition("=")
+        k, eq, v = a.partition("=")
+        if not eq or k not in types:
+            print(f"{main.__doc__}\naxes: {', '.join(types)}", file=sys.stderr)
+            return 2
         kw[k] = int(v) if types[k] in ("int", int) else v
     sc = MtpScenario(**kw)
     with tempfile.TemporaryDirectory() as tmp:
@@ -386,7 +390,5 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    import sys
-
     np.seterr(all="ignore")
     sys.exit(main(sys.argv[1:]))
