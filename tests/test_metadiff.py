@@ -30,7 +30,7 @@ TREES = st.recursive(LEAVES, lambda kids: st.dictionaries(KEYS, kids, max_size=5
 def _oracle(a: object, b: object) -> list[tuple]:
     """DeepDiff's tree as (kind, path, reference, candidate); absent sides are None."""
     out = []
-    for kind, items in deepdiff.DeepDiff(a, b, ignore_order=False, verbose_level=2).tree.items():
+    for kind, items in deepdiff.DeepDiff(a, b, ignore_order=False, verbose_level=2, threshold_to_diff_deeper=0).tree.items():
         for item in items:
             t1 = None if kind.endswith("added") else item.t1
             t2 = None if kind.endswith("removed") else item.t2
@@ -61,7 +61,7 @@ def test_walk_equals_deepdiff_on_random_trees(a: object, data: st.DataObject) ->
     assert _ours(b, a) == _oracle(b, a)
 
 
-def test_every_kind_and_the_deeper_threshold_by_construction() -> None:
+def test_every_kind_by_construction_and_no_collapse() -> None:
     a = {"runtime": {"name": "t", "version": "5"}, "aux": {"stream_ids": "[0, 3]", "convention": "stream"},
          "x": 1, "y": True, "z": None, "t": {"p": 1, "q": 2, "r": 3}}
     b = {"runtime": {"name": "s"}, "aux": {"stream_ids": "[3, 7]", "convention": "stream", "n": 2},
@@ -75,7 +75,10 @@ def test_every_kind_and_the_deeper_threshold_by_construction() -> None:
         ("type_changes", ["x"], 1, 1.0),  # an int and a float are two types to DeepDiff too
         ("type_changes", ["y"], True, 1),
         ("type_changes", ["z"], None, "a"),
-        ("values_changed", ["t"], {"p": 1, "q": 2, "r": 3}, {"u": 1, "v": 2, "w": 3}),  # no key shared: one change
+        # no key shared: still key by key (DeepDiff's default would make this one changed value)
+        ("dictionary_item_removed", ["t", "p"], 1, None), ("dictionary_item_removed", ["t", "q"], 2, None),
+        ("dictionary_item_removed", ["t", "r"], 3, None), ("dictionary_item_added", ["t", "u"], None, 1),
+        ("dictionary_item_added", ["t", "v"], None, 2), ("dictionary_item_added", ["t", "w"], None, 3),
     ]
     assert sorted((k, tuple(p), repr(x), repr(y)) for k, p, x, y in got) == _oracle(a, b)
     assert metadiff.changes(a, a) == []
@@ -114,6 +117,18 @@ def test_report_diff_through_a_real_compare(tmp_path) -> None:
     seen = {subprocess.run([sys.executable, "-c", code, str(a), str(b)], capture_output=True, text=True, check=True,
                            env={**os.environ, "PYTHONHASHSEED": str(seed)}).stdout for seed in (1, 2, 3)}
     assert len(seen) == 1, seen
+
+
+def test_a_changed_claim_is_a_warning_even_when_little_else_is_shared() -> None:
+    """Two dumps that share few top-level fields (ignored ones count too): DeepDiff's default
+    would fold everything into one root entry of information and hide the changed stream ids."""
+    from consistency.contract.models import AuxInfo, DumpMetadata, ModelInfo, RuntimeInfo
+
+    a = DumpMetadata(aux=AuxInfo(stream_ids=[0, 1, 2]), created="t1", tool_version="1")
+    b = DumpMetadata(aux=AuxInfo(stream_ids=[1, 2, 3]), runtime=RuntimeInfo(name="sglang"),
+                     model=ModelInfo(num_layers=3), prompt="p", side="serving")
+    got = {(d.path, d.severity.value) for d in metadiff.diff(a, b, {})}
+    assert ("aux.stream_ids", "warning") in got and all(path for path, _ in got)
 
 
 def test_compare_never_imports_deepdiff(tmp_path) -> None:

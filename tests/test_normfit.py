@@ -1,7 +1,8 @@
 """The norm tests of diagnose/normfit.py, on tensors whose story is known by construction.
 
 A norm's output with a learned gain is told apart from its look-alikes: a global scale, a
-per-column scale and a per-token scale of the same rows. The hard case is a raw stream
+per-column scale and a per-token scale of the same rows. (A per-token scale of *flat* rows
+is a tensor whose norm is those rows: NORM_* is a true description of it, not a look-alike.) The hard case is a raw stream
 nearly as flat as the norm's output (a tiny model over 16 tokens): the column scale alone
 then comes within a couple of floors, and only the size of the per-row division's gain
 over it says "norm".
@@ -12,6 +13,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from consistency.compare.identify import token_distance
+from consistency.diagnose.evidence import fit_column_scale
 from consistency.diagnose.normfit import FLAT_SPREAD, looks_normed, needs_the_norm, norm_fit, row_spread
 
 FLOOR = 2e-3  # the bf16 floor these scenarios are judged at (compare/tolerance.py)
@@ -19,6 +22,14 @@ FLOOR = 2e-3  # the bf16 floor these scenarios are judged at (compare/tolerance.
 
 def _rms_norm(x: np.ndarray, gain: np.ndarray) -> np.ndarray:
     return x / np.sqrt((x * x).mean(axis=1, keepdims=True) + 1e-6) * gain
+
+
+def _gain(rng: np.random.Generator, cols: int = 64) -> np.ndarray:
+    """A learned gain far from 1 (DeepSeek-V3-like) with a few loud channels, so the norm's
+    rows are uneven (row-RMS spread well above FLAT_SPREAD) whatever the seed."""
+    g = 1 + 0.5 * rng.standard_normal(cols)
+    g[:4] = 3.0
+    return g
 
 
 def _stream(rng: np.random.Generator, rows: int, cols: int, uneven: float) -> np.ndarray:
@@ -31,8 +42,7 @@ def _stream(rng: np.random.Generator, rows: int, cols: int, uneven: float) -> np
 def test_a_norm_of_a_nearly_flat_stream_is_a_norm(seed: int) -> None:
     rng = np.random.default_rng(seed)
     raw = _stream(rng, 16, 64, uneven=0.04)  # as flat as a tiny model's stream over 16 tokens
-    gain = 1 + 0.5 * rng.standard_normal(64)  # DeepSeek-V3-like learned gain
-    normed = _rms_norm(raw, gain)
+    normed = _rms_norm(raw, _gain(rng))
     after = norm_fit(normed, raw)[0]
     assert after <= 0.1 * FLOOR
     assert row_spread(normed) >= FLAT_SPREAD
@@ -41,10 +51,11 @@ def test_a_norm_of_a_nearly_flat_stream_is_a_norm(seed: int) -> None:
 
 @pytest.mark.parametrize("seed", range(8))
 @pytest.mark.parametrize("fault", ["global", "column", "token"])
-def test_scales_of_a_normed_tensor_are_not_a_norm(seed: int, fault: str) -> None:
-    """Scale faults must not read as a norm, in either direction."""
+def test_scales_of_uneven_normed_rows_are_not_a_norm(seed: int, fault: str) -> None:
+    """Scale faults of a norm's output with a learned gain (uneven rows) must not read as a
+    norm, in either direction: the norm does not fit them within the 0.1-floor gate."""
     rng = np.random.default_rng(100 + seed)
-    normed = _rms_norm(_stream(rng, 16, 64, uneven=0.3), 1 + 0.5 * rng.standard_normal(64))
+    normed = _rms_norm(_stream(rng, 16, 64, uneven=0.3), _gain(rng))
     if fault == "global":
         other = 1.7 * normed
     elif fault == "column":
@@ -53,4 +64,28 @@ def test_scales_of_a_normed_tensor_are_not_a_norm(seed: int, fault: str) -> None
         other = normed * (1 + 0.3 * rng.standard_normal((16, 1)))
     for a, b in ((normed, other), (other, normed)):
         after = norm_fit(a, b)[0]
-        assert not (after <= 0.1 * FLOOR and needs_the_norm(a, b, FLOOR, after)), (fault, after)
+        assert after > 0.1 * FLOOR and not looks_normed(a, b, after, FLOOR), (fault, after)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_the_per_row_rule_asks_for_each_of_its_conditions(seed: int) -> None:
+    """needs_the_norm's second rule on its own, with the norm's fit handed in: it needs the
+    per-column scale to miss by more than a floor, the norm to beat it 100-fold, and the
+    normed rows to be uneven; a global or per-column scale (which the column scale fits
+    exactly) never passes, whatever fit is claimed for the norm."""
+    rng = np.random.default_rng(200 + seed)
+    raw = _stream(rng, 16, 64, uneven=0.04)
+    normed = _rms_norm(raw, _gain(rng))
+    col = token_distance(normed, raw * fit_column_scale(normed, raw))
+    assert FLOOR < col <= 10 * FLOOR  # the hard case: the old 10-floor rule alone says no
+    assert needs_the_norm(normed, raw, FLOOR, after=col / 200)
+    assert not needs_the_norm(normed, raw, FLOOR, after=col / 50)  # not 100x better
+    assert not needs_the_norm(normed, raw, FLOOR)  # no fit handed in: the old rule only
+    assert not needs_the_norm(normed, raw, 2 * col, after=0.0)  # the column scale is within a floor
+    flat = _rms_norm(raw, np.ones(64))  # a unit-gain norm: flat rows, the per-token look-alike
+    assert row_spread(flat) < FLAT_SPREAD
+    flat_col = token_distance(flat, raw * fit_column_scale(flat, raw))
+    assert not (FLOOR < flat_col <= 10 * FLOOR) or not needs_the_norm(flat, raw, FLOOR, after=0.0)
+    for other in (1.7 * normed, normed * (1 + 0.3 * rng.standard_normal(64))):
+        assert not needs_the_norm(other, normed, FLOOR, after=0.0)
+        assert not needs_the_norm(normed, other, FLOOR, after=0.0)

@@ -219,8 +219,10 @@ def scan(src: Fingerprints, wanted: Sequence[tuple[Fingerprints, str]]) -> None:
             and fp.stack.shape[0] == src.stack.shape[0] and fp.stack.shape[2] == src.stack.shape[2]]
     if len(todo) < 2 or src.stack.shape[0] == 0:
         return  # one row: distances() computes it directly
-    k, n, _h = src.stack.shape
-    step = max(1, min(min(fp._memo_rows for fp, _a in todo), MEMO_BYTES // max(1, 8 * k * n)))
+    k, n, h = src.stack.shape
+    # per batch: the memo rows it fills, its products [k, n, m] and its copied rows [k, m, h], each bounded
+    step = max(1, min(min(fp._memo_rows for fp, _a in todo), MEMO_BYTES // max(1, 8 * k * n),
+                      MEMO_BYTES // max(1, 8 * k * h)))
     for i in range(0, len(todo), step):
         part = todo[i:i + step]
         vecs = np.stack([fp.stack[:, fp.pos[a]] for fp, a in part], axis=1)  # [k, m, h]

@@ -5,14 +5,18 @@ tensor was produced -- the seed's ``.clone()`` against an add) cannot change val
 are information, said so explicitly because users suspect them; claims that change
 meaning (stream ids, convention, model shape) are warnings; bookkeeping is information.
 
-The diff is DeepDiff's (``DeepDiff(a, b, verbose_level=2).tree``: the same kinds, paths and
-values, the same "a dict sharing under a third of its keys is one changed value" rule) for
-the only trees it is ever given here -- JSON objects whose lists were made atomic strings --
-computed by a short walk: importing deepdiff cost 0.2 G instructions, 16 % of a small
-compare's start-up (issue 17; docs/dependencies.md), and DeepDiff groups its kinds in an
-order that changes with the interpreter's hash seed. tests/test_metadiff.py checks the walk
-against deepdiff itself on random trees. Entries come in the reference's key order, what
-only the candidate has last.
+The diff is DeepDiff's tree (``DeepDiff(a, b, verbose_level=2,
+threshold_to_diff_deeper=0).tree``: the same kinds, paths and values) for the only trees
+it is ever given here -- JSON objects whose lists were made atomic strings, with no NaN
+(pydantic writes it as null) and no ``__private`` keys (DeepDiff would skip those) --
+computed by a short walk. Unlike DeepDiff's default, two dicts that share few keys are
+still compared key by key: collapsing them into one changed value would hide a changed
+``aux.stream_ids`` (a warning) inside an ``aux`` or root entry (information). Importing
+deepdiff cost 0.14 G instructions, 11 % of a small compare's start-up (issue 17;
+docs/dependencies.md), and DeepDiff groups its kinds in an order that changes with the
+interpreter's hash seed. tests/test_metadiff.py checks the walk against deepdiff itself
+on random trees. Entries come in the reference's key order, what only the candidate has
+last.
 """
 
 from __future__ import annotations
@@ -27,16 +31,14 @@ from consistency.contract.models import DumpMetadata
 LAYOUT_FIELDS = {"stride", "contiguous", "device", "producer"}
 MEANINGFUL = re.compile(r"^(aux\.(stream_ids|convention|residual|norm)|model\.(num_layers|hidden_size|vocab_size|architecture))")
 IGNORED = re.compile(r"^(created|tool_version|tensors\..+\.(shape|dtype)$|side$|prompt$|extra|format)")
-# DeepDiff's ``threshold_to_diff_deeper`` default (deepdiff >= 8): below this share of
-# common keys, two dicts are reported as one changed value rather than key by key
-DIFF_DEEPER = 0.33
 
 Change = tuple[str, list[Any], Any, Any]  # kind, path, reference value, candidate value
 
 
 def changes(a: Any, b: Any) -> list[Change]:
     """Every difference between JSON trees ``a`` and ``b`` (lists and other non-dict values
-    are atomic), as DeepDiff's tree reports it with ``verbose_level=2``."""
+    are atomic), as DeepDiff's tree reports it with ``verbose_level=2`` and
+    ``threshold_to_diff_deeper=0`` (dicts are always compared key by key)."""
     out: list[Change] = []
     _walk(a, b, [], out)
     return out
@@ -49,11 +51,6 @@ def _walk(a: Any, b: Any, path: list[Any], out: list[Change]) -> None:
     if not isinstance(a, dict):
         if a != b:
             out.append(("values_changed", path, a, b))
-        return
-    common = [k for k in b if k in a]
-    union = len(a) + len(b) - len(common)
-    if union > 1 and len(common) / union < DIFF_DEEPER:
-        out.append(("values_changed", path, a, b))
         return
     for k in a:  # the reference's order, then what only the candidate has
         if k in b:
