@@ -23,7 +23,7 @@ def console(file: IO[str] | None = None) -> Console:
     import sys
 
     tty = (file or sys.stdout).isatty()
-    return Console(file=file, highlight=False, soft_wrap=False, width=None if tty else 140)
+    return Console(file=file, highlight=False, soft_wrap=False, width=None if tty else 140, emoji=False, markup=False)
 
 
 def verdict_line(rep: CompareReport) -> Text:
