@@ -165,11 +165,6 @@ class Fingerprints:
         self._remember(key, out)
         return out
 
-    def prefetch(self, many: Sequence[str], other: Fingerprints | None = None) -> None:
-        """Memoize :meth:`distances` of several names of self against ``other`` (None:
-        self) in one pass over its stack (:func:`scan`)."""
-        scan(other if other is not None else self, [(self, a) for a in many])
-
     def _remember(self, key: tuple[str, int], row: np.ndarray) -> None:
         self._memo[key] = row
         if len(self._memo) > self._memo_rows:  # bounded: a row per candidate would be O(n²) memory

@@ -85,8 +85,8 @@ def diff(ref: DumpMetadata | None, cand: DumpMetadata | None, pairs: dict[str, s
     a, b = _plain(ref), _plain(cand)
     ta, tb = a.pop("tensors", {}), b.pop("tensors", {})
     out: list[MetaDiff] = []
-    if a and b and not _same(_unignored(a, b), _unignored(b, a)):
-        out += _entries(changes(a, b), "")
+    if a and b:
+        out += _entries(changes(_unignored(a, b), _unignored(b, a)), "")
     for cname, rname in pairs.items():
         if cname in tb and rname in ta:
             out += _entries(changes(ta[rname], tb[cname]), f"tensors.{cname}.")
@@ -95,22 +95,12 @@ def diff(ref: DumpMetadata | None, cand: DumpMetadata | None, pairs: dict[str, s
 
 def _unignored(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     """``a`` without the top-level keys whose every difference IGNORED drops anyway
-    (``created`` always differs between two recordings)."""
+    (``created`` always differs between two recordings; a free-form ``extra`` need not be
+    walked). The predicate is symmetric, so the same keys go from both sides."""
     def dropped(k: str) -> bool:
         nested = isinstance(a.get(k), dict) or isinstance(b.get(k), dict)
         return bool(IGNORED.match(k)) and (not nested or bool(IGNORED.match(k + ".x")))
     return {k: v for k, v in a.items() if not dropped(k)}
-
-
-def _same(a: Any, b: Any) -> bool:
-    """Equal values of equal types all the way down (no difference would be reported)."""
-    if type(a) is not type(b):
-        return False
-    if isinstance(a, dict):
-        return a.keys() == b.keys() and all(_same(v, b[k]) for k, v in a.items())
-    if isinstance(a, (list, tuple)):
-        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
-    return bool(a == b) if isinstance(a, (str, int, float, bool, type(None))) else False
 
 
 def _entries(found: list[Change], prefix: str) -> list[MetaDiff]:
