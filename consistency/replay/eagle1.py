@@ -20,14 +20,14 @@ from torch import nn
 
 from consistency.contract.models import Consumer, ConsumerSpec, Recycle
 from consistency.errors import InputError
-from consistency.replay.steps import ATTENTION, KVCache, StepTensors
+from consistency.replay.steps import ATTENTION, EmbeddingDims, KVCache, StepTensors
 
 # speculators' EAGLE-1 names, as vLLM's llama_eagle.py remaps them (SPECULATORS_WEIGHT_MAP)
 RENAMES = {"fusion_fc.weight": "fc.weight", "fusion_fc.bias": "fc.bias",
            "pre_lm_head_layernorm.weight": "hidden_states_layernorm.weight"}
 
 
-class Eagle1Draft(nn.Module):
+class Eagle1Draft(EmbeddingDims, nn.Module):
     def __init__(self, config: Any, num_layers: int, fc_bias: bool, para_norm: bool) -> None:
         super().__init__()
         from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding
@@ -43,14 +43,6 @@ class Eagle1Draft(nn.Module):
         self.layers[0].input_layernorm = nn.Identity()  # cnets.py: `if self.index != 0`
         self.lm_head = nn.Linear(h, cfg.vocab_size, bias=False)
         self.rotary = LlamaRotaryEmbedding(config=cfg)
-
-    @property
-    def hidden_size(self) -> int:
-        return int(self.fc.weight.shape[0])
-
-    @property
-    def vocab_size(self) -> int:
-        return int(self.embed_tokens.weight.shape[0])
 
     def step(self, hidden: torch.Tensor, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor,
              cache: KVCache, at0: torch.Tensor) -> StepTensors:

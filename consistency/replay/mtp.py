@@ -26,7 +26,7 @@ from torch import nn
 
 from consistency.contract.models import ConcatOrder, Consumer, ConsumerSpec, Pos0, Recycle
 from consistency.errors import InputError
-from consistency.replay.steps import ATTENTION, KVCache, StepsOutput, StepTensors, run_steps
+from consistency.replay.steps import ATTENTION, EmbeddingDims, KVCache, StepsOutput, StepTensors, run_steps
 
 __all__ = ["MTPDraft", "LoadedMTP", "load_mtp", "run_steps", "StepsOutput", "LAYOUTS"]
 
@@ -89,7 +89,7 @@ def block_config(config: Any, layer_idx: int) -> Any:
     return cfg
 
 
-class MTPDraft(nn.Module):
+class MTPDraft(EmbeddingDims, nn.Module):
     """Parameter names are DeepSeek-V3's inside ``model.layers.{N}.`` (``block.`` = the decoder layer)."""
 
     def __init__(self, config: Any, layer_cls: type, norm_cls: type, rotary_cls: type, layer_idx: int,
@@ -106,14 +106,6 @@ class MTPDraft(nn.Module):
         self.shared_head.head = nn.Linear(h, v, bias=False)
         self.embed_tokens = nn.Embedding(v, h)
         self.rotary = rotary_cls(config=cfg)
-
-    @property
-    def hidden_size(self) -> int:
-        return int(self.eh_proj.weight.shape[0])
-
-    @property
-    def vocab_size(self) -> int:
-        return int(self.embed_tokens.weight.shape[0])
 
     def step(self, hidden: torch.Tensor, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor,
              cache: KVCache, at0: torch.Tensor) -> StepTensors:

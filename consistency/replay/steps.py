@@ -44,6 +44,21 @@ class StepTensors:
     logits: torch.Tensor
 
 
+class EmbeddingDims:
+    """A step draft's hidden size and vocabulary, read from its own embedding table [V, H]:
+    every draft here owns one (MTP, EAGLE-1/2), and the loaded weights' shapes are what count."""
+
+    embed_tokens: Any
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.embed_tokens.weight.shape[1])
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.embed_tokens.weight.shape[0])
+
+
 class StepDraft(Protocol):
     """What :func:`run_steps` needs of a draft module."""
 
