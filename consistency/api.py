@@ -27,17 +27,6 @@ if TYPE_CHECKING:
 PathLike = str | os.PathLike  # noqa: UP007 - runtime alias
 
 
-def _tolerance(tolerance: Mapping[str, float] | Sequence[str] | str | None) -> tuple[str, ...]:
-    """``{"aux\\.2": 1e-3}`` or ``["aux\\.2=1e-3"]`` -> the CLI's REGEX=FLOOR strings."""
-    if tolerance is None:
-        return ()
-    if isinstance(tolerance, str):
-        return (tolerance,)
-    if isinstance(tolerance, Mapping):
-        return tuple(f"{k}={v}" for k, v in tolerance.items())
-    return tuple(str(t) for t in tolerance)
-
-
 def _codes(v: str | Sequence[str] | None) -> tuple[str, ...]:
     if v is None:
         return ()
@@ -52,7 +41,7 @@ def compare(reference: Any, candidate: Any, *, contract: PathLike | None = None,
             atol: float | None = None, threshold: float | None = None,
             tolerance: Mapping[str, float] | Sequence[str] | str | None = None,
             layer_ids: str | Sequence[int] | None = None, convention: str | None = None,
-            progress: bool = False, **options: Any) -> CompareReport:
+            **options: Any) -> CompareReport:
     """Compare REFERENCE (what the draft was trained on) with CANDIDATE (what it is fed).
 
     Each side is a path (a dump, a rank set, a speculators/SpecForge file), a mapping of
@@ -63,13 +52,17 @@ def compare(reference: Any, candidate: Any, *, contract: PathLike | None = None,
     Returns the :class:`~consistency.contract.findings.CompareReport`; ``report.verdict``
     is ``"pass"`` or ``"fail"``.
     """
-    from consistency.diagnose.pipeline import run
+    from consistency.compare.request import CompareRequest
+    from consistency.diagnose.pipeline import run_request
     from consistency.dump.memory import as_side
 
+    req = CompareRequest.build(reference, candidate, contract=_path(contract), rtol=rtol, atol=atol,
+                               threshold=threshold, tolerance=tolerance, layer_ids=layer_ids, convention=convention,
+                               **options)  # an unknown option is a usage error, named
     ref, cand = as_side(reference, "reference"), as_side(candidate, "candidate")
-    return run(ref, cand, contract=_path(contract), rtol=rtol, atol=atol, threshold=threshold,
-               tolerance=_tolerance(tolerance), progress=progress, layer_ids=layer_ids, convention=convention,
-               **options)
+    from dataclasses import replace
+
+    return run_request(replace(req, reference=ref, candidate=cand))
 
 
 def lint(draft: PathLike | None = None, target: PathLike | None = None, serve: str | None = None,

@@ -37,9 +37,9 @@ def test_import_is_torch_free_and_light() -> None:
 CALLS = {"compare": "object(), object()", "lint": "", "replay": "object(), object(), draft='d'", "record": "object()"}
 
 
-@pytest.mark.parametrize("sub", ["compare.align", "lint.report", "replay.report", "record.recorder"])
+@pytest.mark.parametrize("sub", ["compare.plan", "lint.report", "replay.report", "record.recorder"])
 def test_api_names_survive_importing_the_subpackage_first(sub: str) -> None:
-    """Importing ``consistency.compare.align`` sets ``consistency.compare`` to the package;
+    """Importing ``consistency.compare.plan`` sets ``consistency.compare`` to the package;
     the package must still be the API function (and still a package)."""
     name = sub.split(".")[0]
     r = _fresh(f"import consistency.{sub} as m, consistency, consistency.api as api\n"

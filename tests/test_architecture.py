@@ -12,7 +12,7 @@ PKG = ROOT / "consistency"
 # who may import whom (top-level subpackages); bottom layer: errors <- contract <- dump
 ALLOWED: dict[str, set[str]] = {
     "__main__": {"cli"},
-    "api": {"contract", "diagnose", "dump", "errors", "lint", "record", "replay"},
+    "api": {"compare", "contract", "diagnose", "dump", "errors", "lint", "record", "replay"},
     "testing": {"api", "contract", "report"},
     "cli": {"compare", "contract", "diagnose", "dump", "errors", "gate", "lint", "record", "replay", "report",
             "interop"},

@@ -61,9 +61,16 @@ def _equal_on_aligned(ref_v, cand_v, names=("aux.0", "aux.1", "aux.2")) -> int:
     return n or 0
 
 
+def _found(al) -> list:
+    """The alignment's findings, as the pipeline words them (diagnose.tokens)."""
+    from consistency.diagnose.tokens import findings
+
+    return findings(al, "training", "serving")
+
+
 def _codes(al) -> dict[str, list]:
     out: dict[str, list] = {}
-    for f in al.findings:
+    for f in _found(al):
         out.setdefault(f.code, []).append(f)
     return out
 
@@ -100,7 +107,7 @@ def test_prefix_cache_suffix_has_the_same_context(tmp_path):
         assert al.compared == 18 and al.not_captured == 20 and not al.context_differs
         assert al.ref_rows.tolist() == list(range(20, 38))
         assert _equal_on_aligned(rv, cv) == 18
-        assert "CONTEXT_DIFFERS" not in _codes(al) and not any(f.severity.value == "error" for f in al.findings)
+        assert "CONTEXT_DIFFERS" not in _codes(al) and not any(f.severity.value == "error" for f in _found(al))
 
 
 def test_suffix_without_positions_is_not_assumed_cached(tmp_path):
@@ -254,7 +261,7 @@ def test_different_prompts_never_pass(tmp_path):
     with open_dump(ref) as r, open_dump(cand) as c:
         rv, cv, al = prepare(r, c)
         assert al.compared == 0 and al.method == "none"
-        (f,) = al.findings
+        (f,) = _found(al)
         assert f.code == "NO_COMMON_TOKENS" and f.severity.value == "error"
         assert cv["aux.0"].rows == 30  # unrestricted: the engine still sees (and fails on) all tokens
 
@@ -273,7 +280,7 @@ def test_slot_shift_inside_a_chunked_suffix_capture_is_still_a_slot_shift(tmp_pa
     with open_dump(ref) as r, open_dump(cand) as c:
         rv, cv, al = prepare(r, c)
         assert al.compared == 25 and not al.context_differs
-        findings, _summary = explain(compare(rv, cv))
+        findings, _story = explain(compare(rv, cv))
     assert findings[0].code == "SLOT_SHIFT" and findings[0].evidence["missing"] == [0]
 
 
@@ -379,7 +386,7 @@ def test_context_difference_is_not_told_as_a_layer_story(tmp_path):
     """A template in front: every compared token has another context. After ``reconcile`` the
     one error is CONTEXT_DIFFERS; the per-slot value findings are demoted and say why."""
     from consistency.compare.engine import compare
-    from consistency.compare.prepare import reconcile
+    from consistency.diagnose.tokens import reconcile
     from consistency.diagnose.engine import explain
 
     m = tiny("tiny-llama")
@@ -389,9 +396,9 @@ def test_context_difference_is_not_told_as_a_layer_story(tmp_path):
     cand = _serve(m, tmp_path / "serve.safetensors", [bad_ids[:20], bad_ids[20:]])
     with open_dump(ref) as r, open_dump(cand) as c:
         rv, cv, al = prepare(r, c, same_context_only=True)
-        raw, _summary = explain(compare(rv, cv))
+        raw, _story = explain(compare(rv, cv))
     assert any(f.severity.value == "error" and f.code != "CONTEXT_DIFFERS" for f in raw)  # unreconciled: a value story
-    found = reconcile(raw, al)
+    found = reconcile(raw, al, _found(al))
     assert [f.code for f in found if f.severity.value == "error"] == ["CONTEXT_DIFFERS"]
     assert all(f.message.startswith("not evaluated, the tokens' context differs") for f in found
                if f.code in ("UNKNOWN", "MISMATCH", "NUMERIC_DRIFT", "LAYER_MISMATCH"))
@@ -401,7 +408,7 @@ def test_a_real_slot_shift_is_still_found_beside_a_later_token_difference(tmp_pa
     """Tokens differ in the middle: ``same_context_only`` compares the tokens before the
     change exactly, so the slot shift is diagnosed as in the plain layout."""
     from consistency.compare.engine import compare
-    from consistency.compare.prepare import reconcile
+    from consistency.diagnose.tokens import reconcile
     from consistency.diagnose.engine import explain
 
     m = tiny("tiny-llama")
@@ -413,7 +420,7 @@ def test_a_real_slot_shift_is_still_found_beside_a_later_token_difference(tmp_pa
     with open_dump(ref) as r, open_dump(cand) as c:
         rv, cv, al = prepare(r, c, same_context_only=True)
         assert al.only_same_context and rv["aux.0"].rows == 30 == int((~al.context).sum())
-        found = reconcile(explain(compare(rv, cv))[0], al)
+        found = reconcile(explain(compare(rv, cv))[0], al, _found(al))
     errors = [f.code for f in found if f.severity.value == "error"]
     assert "SLOT_SHIFT" in errors and "CONTEXT_DIFFERS" in errors
 

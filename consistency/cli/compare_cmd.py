@@ -9,17 +9,6 @@ from consistency.errors import UsageError
 from consistency.report.escape import term
 
 
-def run_compare(*args, **kwargs):  # noqa: ANN002, ANN003, ANN201 - kept for callers of the old location
-    """Deprecated location: use :func:`consistency.diagnose.pipeline.run`."""
-    from consistency.diagnose.pipeline import run
-
-    if kwargs.get("progress") is True:
-        from consistency.report.progress import factory
-
-        kwargs["progress"] = factory()
-    return run(*args, **kwargs)
-
-
 @click.command("compare")
 @click.argument("reference", type=click.Path(dir_okay=True, readable=False, path_type=str))
 @click.argument("candidate", type=click.Path(dir_okay=True, readable=False, path_type=str))
@@ -60,9 +49,19 @@ def compare(reference: str, candidate: str, contract: str | None, json_out: str 
         except ImportError as exc:
             raise UsageError(f"--png needs the report extra: pip install 'consistency[report]' ({exc})") from None
         require_png()
-    rep = run_compare(reference, candidate, contract, rtol, atol, threshold, tolerance,
-                      progress=not quiet and sys.stderr.isatty(), layer_ids=layer_ids, convention=convention,
-                      ref_layer_ids=ref_layer_ids, cand_layer_ids=cand_layer_ids, tokenizer=tokenizer)
+    from consistency.compare.request import CompareRequest
+    from consistency.diagnose.pipeline import run_request
+
+    progress = None
+    if not quiet and sys.stderr.isatty():
+        from consistency.report.progress import factory
+
+        progress = factory()
+    req = CompareRequest.build(reference, candidate, contract=contract, rtol=rtol, atol=atol, threshold=threshold,
+                               tolerance=tolerance, layer_ids=layer_ids, ref_layer_ids=ref_layer_ids,
+                               cand_layer_ids=cand_layer_ids, convention=convention, tokenizer=tokenizer,
+                               progress=progress)
+    rep = run_request(req)
     if json_out == "-":
         sys.stdout.write(rep.model_dump_json(indent=2) + "\n")
     elif json_out:

@@ -27,18 +27,19 @@ def lint_runner(opts: dict[str, Any]) -> Any:
 
 
 def compare_runner(opts: dict[str, Any]) -> Any:
-    from consistency.diagnose.pipeline import run as run_compare
+    from consistency.compare.request import CompareRequest
+    from consistency.diagnose.pipeline import run_request
     from consistency.errors import UsageError
 
     for key in ("reference", "candidate"):
         if not opts.get(key):
             raise UsageError(f"[[compare]] needs {key}")
     tol = opts.get("tolerance")
-    tolerance = tuple(f"{k}={v}" for k, v in tol.items()) if isinstance(tol, dict) else _list(tol)
-    ids = opts.get("layer_ids")
-    return run_compare(opts["reference"], opts["candidate"], opts.get("contract"), opts.get("rtol"), opts.get("atol"),
-                       opts.get("threshold"), tolerance, layer_ids=",".join(map(str, ids)) if isinstance(ids, list)
-                       else ids, convention=opts.get("convention"))
+    req = CompareRequest.build(opts["reference"], opts["candidate"], contract=opts.get("contract"),
+                               rtol=opts.get("rtol"), atol=opts.get("atol"), threshold=opts.get("threshold"),
+                               tolerance=tol if isinstance(tol, dict) else _list(tol), layer_ids=opts.get("layer_ids"),
+                               convention=opts.get("convention"))
+    return run_request(req)
 
 
 def replay_runner() -> tuple[Any, str]:

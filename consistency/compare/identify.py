@@ -21,7 +21,7 @@ import math
 import os
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from typing import Union
 
 import numpy as np
@@ -236,35 +236,41 @@ def _rel(den: np.ndarray, dots: np.ndarray) -> np.ndarray:
     return out.mean(axis=0)
 
 
-@dataclass
+@dataclass(frozen=True)
 class Ranked:
     name: str
     distance: float
 
 
-@dataclass
+@dataclass(frozen=True)
 class Identification:
+    """A candidate's ranking against the reference: a value (the joint slot assignment
+    returns a promoted copy, it never reorders this one)."""
+
     tensor: str
-    ranking: list[Ranked]  # best first, one entry per group of equal references
-    groups: list[list[str]] = field(default_factory=list)  # members of each ranked group
+    ranking: tuple[Ranked, ...]  # best first, one entry per group of equal references
+    groups: tuple[tuple[str, ...], ...] = ()  # members of each ranked group
     expected: str | None = None
     expected_distance: float | None = None
     gap: float | None = None  # expected's distance to its nearest other reference stream
 
     @property
-    def group(self) -> list[str]:
+    def group(self) -> tuple[str, ...]:
         """References equal to the best match (e.g. ``hidden.3`` and the reference's ``aux.1``)."""
-        return self.groups[0] if self.groups else []
+        return self.groups[0] if self.groups else ()
 
-    def promote(self, name: str, distance: float | None) -> None:
-        """Put the group holding ``name`` first (the joint assignment chose it)."""
-        for i, grp in enumerate(self.groups):
+    def promoted(self, name: str, distance: float | None) -> Identification:
+        """The same ranking with the group holding ``name`` first (the joint assignment chose it)."""
+        ranking, groups = list(self.ranking), list(self.groups)
+        for i, grp in enumerate(groups):
             if name in grp:
-                self.ranking.insert(0, self.ranking.pop(i))
-                self.groups.insert(0, self.groups.pop(i))
-                return
-        self.ranking.insert(0, Ranked(name, distance if distance is not None else math.inf))
-        self.groups.insert(0, [name])
+                ranking.insert(0, ranking.pop(i))
+                groups.insert(0, groups.pop(i))
+                break
+        else:
+            ranking.insert(0, Ranked(name, distance if distance is not None else math.inf))
+            groups.insert(0, (name,))
+        return replace(self, ranking=tuple(ranking), groups=tuple(groups))
 
     @property
     def best(self) -> Ranked | None:
@@ -315,11 +321,16 @@ def _nearest_first(all_d: np.ndarray, rfp: Fingerprints, at: np.ndarray | None) 
 def rank(cand: str, cfp: Fingerprints, rfp: Fingerprints, candidates: Pool, same_floor: float) -> Identification:
     """Rank reference ``candidates`` (None: all of ``rfp``) for one candidate tensor; merge
     references equal to each other. Sorting touches only the nearest few in Python."""
-    all_d = cfp.distances(cand, rfp)
+    at = _pool_positions(rfp, candidates)
+    if at is not None and _small(at, rfp):  # a bounded pool: only its distances, never a row over all n
+        all_d = np.full(len(rfp.names), math.inf)
+        all_d[at] = [cfp.distance(cand, rfp.names[int(i)], rfp) for i in at]
+    else:
+        all_d = cfp.distances(cand, rfp)
     ranked: list[Ranked] = []
     groups: list[list[str]] = []
     window = 2 * math.sqrt(same_floor)
-    for d, r in _nearest_first(all_d, rfp, _pool_positions(rfp, candidates)):
+    for d, r in _nearest_first(all_d, rfp, at):
         # a reference within same_floor of an already-ranked one is the same tensor: merge.
         # sqrt(token rel_diff) behaves like a distance, so only near-equal ones are checked.
         merged = False
@@ -337,15 +348,18 @@ def rank(cand: str, cfp: Fingerprints, rfp: Fingerprints, candidates: Pool, same
                 break
             groups.append([r])
             ranked.append(Ranked(r, d))
-    return Identification(cand, ranked, [sorted(g, key=names.sort_key) for g in groups])
+    return Identification(cand, tuple(ranked), tuple(tuple(sorted(g, key=names.sort_key)) for g in groups))
 
 
 def neighbour_gap(expected: str, rfp: Fingerprints, pool: Pool, same_floor: float) -> float | None:
     """Distance from ``expected`` to the nearest other reference stream (its own copies
     excluded). ``pool``: names, positions (e.g. ``rfp.of_kind(names.HIDDEN)``) or None (all)."""
-    all_d = rfp.distances(expected)
     at = _pool_positions(rfp, pool)
-    d = all_d if at is None else all_d[at]
+    if at is not None and _small(at, rfp):
+        d = np.array([rfp.distance(expected, rfp.names[int(i)]) for i in at])
+    else:
+        all_d = rfp.distances(expected)
+        d = all_d if at is None else all_d[at]
     keep = d > same_floor
     me = rfp.pos[expected]
     if at is None:
@@ -354,6 +368,11 @@ def neighbour_gap(expected: str, rfp: Fingerprints, pool: Pool, same_floor: floa
         keep &= at != me
     best = float(d[keep].min()) if keep.any() else math.inf
     return None if math.isinf(best) else best
+
+
+def _small(at: np.ndarray, fp: Fingerprints) -> bool:
+    """A pool small enough that pair by pair beats one batched row over every tensor."""
+    return len(at) * 8 < len(fp.names)
 
 
 def assign(options: list[list[tuple[str, float]]]) -> list[str | None]:

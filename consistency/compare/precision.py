@@ -82,10 +82,10 @@ def storage_floor(sample: np.ndarray, dtype: str) -> float:
     return STORAGE_MARGIN * storage_error(sample, dtype)
 
 
-def effective_dtypes(fingerprints: dict[str, dict], labels: dict[tuple[str, str], str]) -> tuple[dict[str, str], str]:
-    """Every float32 tensor's real precision, read off its sampled rows (``side:name`` ->
-    dtype, for those that differ from their label), and a note for the report."""
-    out: dict[str, str] = {}
+def effective_dtypes(fingerprints: dict[str, dict], labels: dict[tuple[str, str], str]) -> dict[str, dict[str, str]]:
+    """Every float32 tensor's real precision, read off its sampled rows: side -> name ->
+    dtype, for those whose values are of a narrower dtype than their label."""
+    out: dict[str, dict[str, str]] = {side: {} for side in fingerprints}
     for side, fps in fingerprints.items():
         for fp in fps.values():
             for name in fp.names:
@@ -93,10 +93,5 @@ def effective_dtypes(fingerprints: dict[str, dict], labels: dict[tuple[str, str]
                     continue
                 eff = effective_dtype("float32", fp.rows(name))
                 if eff != "float32":
-                    out[f"{side}:{name}"] = eff
-    held = sorted({k.split(":", 1)[1] for k in out})
-    if not held:
-        return out, ""
-    kinds = "/".join(sorted(set(out.values())))
-    return out, (f"{len(held)} float32 tensor{'s' if len(held) != 1 else ''} hold {kinds} values (e.g. {held[0]}): "
-                 f"judged against the {kinds} noise floor")
+                    out[side][name] = eff
+    return out

@@ -1,24 +1,21 @@
-"""What compare concludes about one candidate tensor: the value type every later stage reads.
+"""What compare concludes about one candidate tensor: the value every later stage reads.
 
-"Which tensor is this" is resolved once, here (``expected``/``ref`` from alignment,
-``ident``/``matched``/``holds`` from identification, ``status`` from the judge), and carried
-by every finding and report row; nothing downstream recomputes it.
+A :class:`Result` is the frozen composite of one plan entry's stage values (its
+expectation, its rows, its identification, its metrics, its verdict, its recycled state),
+built once when compare returns. "Which tensor is this" is final here: ``expected`` and
+``expected_stream`` come from the plan (the evidence model), ``holds``/``holds_stream`` from
+the judge; nothing downstream recomputes or patches them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from enum import Enum
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 from consistency.compare import identify
 from consistency.compare.metrics import PairMetrics
+from consistency.compare.types import Entry, Expectation, RowPairing, Rows, Status, StepHeld, Verdict
 from consistency.dump.reader import TensorView
-
-if TYPE_CHECKING:
-    from consistency.compare.rows import RowPairing
-    from consistency.compare.steps import StepHeld
 
 DRIFT_WITHOUT_GAP = 10.0  # drift (the same tensor, with error) stays within 10x the floor
 CLEAR_BEST_RATIO = 1.5  # drift larger than the neighbour gap still counts as drift past this margin
@@ -33,56 +30,102 @@ MATCH_FACTOR = 3.0  # a slot "holds" a reference only within 3x the noise floor 
 ProgressFactory = Callable[[str, int], Callable[[int], None]]
 
 
-class Status(str, Enum):
-    """What the judge concluded about one result (a str, so reports and JSON read it as text)."""
-
-    pending = "pending"
-    ok = "ok"
-    drift = "drift"  # still closest to the expected tensor, with error beyond the floor
-    mismatch = "mismatch"
-    bad_tokens = "bad_tokens"  # the tensor agrees except for a few token positions
-    shape = "shape"
-    nonfinite = "nonfinite"
-    empty = "empty"
-    exact_mismatch = "exact_mismatch"
-    unpaired = "unpaired"  # nothing says what it should equal: judged by identification alone
-    unverified = "unverified"  # its expected stream is known, but the reference does not record it
-
-
-@dataclass
+@dataclass(frozen=True)
 class Result:
     """One candidate tensor against the reference tensor it should equal."""
 
-    name: str
-    cand: TensorView
-    expected: str | None
-    ref: TensorView | None
-    slot: int | None = None
-    expected_stream: int | None = None
-    why: str = ""
-    status: Status = Status.pending
-    metrics: PairMetrics | None = None
-    exact: dict | None = None
-    floor: float | None = None
-    floor_why: str = ""
+    entry: Entry
+    paired: Rows
+    verdict: Verdict
     ident: identify.Identification | None = None
-    notes: list[str] = field(default_factory=list)
-    bad_tokens: list[int] = field(default_factory=list)  # token rows far beyond the floor
-    matched: bool = False  # the best identification is within noise of the candidate (it *is* that tensor)
-    tolerated: bool = False  # passed only because a user tolerance allowed it; holds another tensor
-    concat_of: int | None = None  # a slot of a concatenated ``aux`` beside per-slot ``aux.{i}``
-    step: StepHeld | None = None  # ``recycle.k``: what each side recycles (compare.steps.resolve)
-    rows: RowPairing | None = None  # rows paired by anchor (token_index): compared / one-sided (compare.rows)
+    metrics: PairMetrics | None = None
+    step: StepHeld | None = None
+
+    # -- the plan's decisions ---------------------------------------------------------------
+    @property
+    def name(self) -> str:
+        return self.entry.name
 
     @property
-    def identified(self) -> str | None:
-        return self.ident.best.name if self.ident and self.ident.best else None
+    def slot(self) -> int | None:
+        return self.entry.slot
+
+    @property
+    def concat_of(self) -> int | None:
+        return self.entry.concat_of
+
+    @property
+    def expectation(self) -> Expectation:
+        return self.entry.expect
+
+    @property
+    def expected(self) -> str | None:
+        return self.entry.expect.tensor
+
+    @property
+    def expected_stream(self) -> int | None:
+        return self.entry.expect.stream
+
+    @property
+    def post_norm(self) -> bool:
+        return self.entry.expect.post_norm
+
+    @property
+    def why(self) -> str:
+        return self.entry.expect.reason
+
+    # -- the rows as compared -----------------------------------------------------------------
+    @property
+    def cand(self) -> TensorView:
+        return self.paired.cand
+
+    @property
+    def ref(self) -> TensorView | None:
+        return self.paired.ref
+
+    @property
+    def rows(self) -> RowPairing | None:
+        return self.paired.pairing
+
+    # -- the verdict ----------------------------------------------------------------------------
+    @property
+    def status(self) -> Status:
+        return self.verdict.status
+
+    @property
+    def floor(self) -> float | None:
+        return self.verdict.floor
+
+    @property
+    def floor_why(self) -> str:
+        return self.verdict.floor_why
+
+    @property
+    def bad_tokens(self) -> list[int]:
+        return list(self.verdict.bad_tokens)
+
+    @property
+    def matched(self) -> bool:
+        return self.verdict.matched
+
+    @property
+    def tolerated(self) -> bool:
+        return self.verdict.tolerated
+
+    @property
+    def exact(self) -> dict | None:
+        return dict(self.verdict.exact) if self.verdict.exact is not None else None
 
     @property
     def holds(self) -> str | None:
-        """What the candidate is, when the values say so (None when it matches nothing)."""
-        if self.status in (Status.ok, Status.drift, Status.bad_tokens) and self.ref is not None and not self.tolerated:
-            return self.identified if self.ident and self.ref.name in self.ident.group else self.ref.name
-        return self.identified if self.matched else None
+        """What the candidate is, when the values say so (canonical name; None: matches nothing)."""
+        return self.verdict.holds
 
+    @property
+    def holds_stream(self) -> int | None:
+        return self.verdict.holds_stream
 
+    @property
+    def identified(self) -> str | None:
+        """The best-ranked reference name (whether or not it is within noise)."""
+        return self.ident.best.name if self.ident and self.ident.best else None

@@ -70,7 +70,6 @@ class TokenAlignment:
     notes: list[str] = field(default_factory=list)
     ids_checked: bool = True  # False when one side had no input_ids (paired by position or row)
     only_same_context: bool = False  # prepare(same_context_only=True) kept only same-context tokens
-    findings: list[Any] = field(default_factory=list)  # contract Findings (filled by compare.prepare)
 
     @property
     def compared(self) -> int:

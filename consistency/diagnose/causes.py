@@ -17,13 +17,13 @@ from __future__ import annotations
 import numpy as np
 
 from consistency.compare.engine import Comparison, Result, Status
-from consistency.contract.findings import Finding
+from consistency.contract.findings import Finding, with_property
 from consistency.diagnose import hypotheses
 from consistency.diagnose.evidence import Evidence
 from consistency.diagnose.rootcause import fold_consequences
 from consistency.dump import names
 
-CONSEQUENCE_CODES = ("UNKNOWN", "NUMERIC_DRIFT", "MISMATCH", "BAD_TOKENS")
+CONSEQUENCE_CODES = tuple(sorted(with_property("consequence", "stream")))
 SHOW_TOKENS = 8
 
 
@@ -36,7 +36,8 @@ def bad_tokens(ev: Evidence, r: Result, label: str, base: dict, metrics: dict) -
     """The tensor agrees except at a few positions: name them (first few and a count)."""
     shard = hypotheses.partial_shard(ev, r)
     if shard is not None and _is_shard(ev, r, shard.detail):
-        return Finding.make("PARTIAL_SHARD", f"{label} {shard.message}", identified_as=shard.identified_as,
+        return Finding.make("PARTIAL_SHARD", f"{label} {shard.message}",
+                            identified_as=ev.cmp.canonical(shard.identified_as),
                             metrics=metrics, evidence={"before": shard.before, "after": shard.after, **shard.detail},
                             **base)
     m = r.metrics
@@ -96,7 +97,7 @@ def zeroed(ev: Evidence, r: Result, label: str, base: dict, metrics: dict) -> Fi
 
 def thin_note(ev: Evidence, r: Result) -> str:
     """Why an unexplained difference may still be an off-by-one layer."""
-    s = r.expected_stream if r.expected_stream is not None else ev.cmp.stream_of(r.expected)
+    s = r.expected_stream
     if s is None:
         return ""
     have = sorted(ev.cmp.recorded_streams((r.cand.rows, r.cand.cols)))
@@ -125,9 +126,6 @@ def group_consequences(cmp: Comparison, findings: list[Finding]) -> list[Finding
 def _stream_of_result(cmp: Comparison, r: Result) -> int | None:
     if r.expected_stream is not None:
         return r.expected_stream
-    s = cmp.stream_of(r.expected)
-    if s is not None:
-        return s
     k = names.parse(r.name)
     if k.kind in (names.MLP_OUT, names.ATTN_OUT) and k.index is not None:
         return k.index + 1  # layer k's block output feeds stream k+1
@@ -137,14 +135,12 @@ def _stream_of_result(cmp: Comparison, r: Result) -> int | None:
 def slot_positions(cmp: Comparison, slots: list[Result]) -> tuple[list[int | None], list[int | None]]:
     """Slot indices for the story of a thin reference: which reference slot each candidate
     slot was meant to equal, and which one it does equal (None: none of them)."""
-    ref_slots = [v.name for v in cmp.plan.ref.slots]
+    ref_slots = {v.name: i for i, v in cmp.plan.ref.slots.items()}
     expected: list[int | None] = []
     actual: list[int | None] = []
     for r in slots:
-        n = names.parse(r.expected) if r.expected else None
-        expected.append(n.index if n is not None and n.kind == names.AUX and r.expected in ref_slots else None)
-        held = r.holds
-        group = r.ident.group if r.ident and held and r.ident.best and r.ident.best.name == held else [held]
-        hit = next((ref_slots.index(g) for g in group if g in ref_slots), None)
-        actual.append(hit)
+        expected.append(ref_slots.get(r.expected or ""))
+        held = r.verdict.held
+        group = r.ident.group if r.ident and held and r.ident.best and r.ident.best.name == held else (held,)
+        actual.append(next((ref_slots[g] for g in group if g in ref_slots), None))
     return expected, actual

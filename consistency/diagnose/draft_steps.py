@@ -21,15 +21,17 @@ import numpy as np
 
 from consistency.compare.engine import Comparison, Result, Status
 from consistency.compare.identify import token_distance
-from consistency.compare.steps import LAST_STATE, step_order
+from consistency.compare.expect import LAST_STATE
+from consistency.compare.steps import step_order
+from consistency.compare.types import Source
 from consistency.contract import consumers
-from consistency.contract.findings import Finding
+from consistency.contract.findings import Finding, with_property
 from consistency.contract.models import ConcatOrder, Consumer, NormState, Pos0, Recycle
 from consistency.diagnose.rootcause import fold_consequences
 from consistency.diagnose.evidence import Evidence, Explanation
 from consistency.dump import names
 
-CONSEQUENCE_CODES = ("UNKNOWN", "NUMERIC_DRIFT", "MISMATCH", "BAD_TOKENS", "SHAPE_MISMATCH")
+CONSEQUENCE_CODES = tuple(sorted(with_property("consequence", "step")))
 MAX_IDS = 10_000_000
 SHIFTS = (-1, 1, -2, 2)
 
@@ -51,7 +53,10 @@ def _kind(cmp: Comparison) -> Consumer | None:
 
 def _origin(cmp: Comparison) -> str:
     c = cmp.plan.consumer
-    return f"the {cmp.plan.consumer_origin}'s {c.kind.value} consumer" if c is not None else ""
+    if c is None:
+        return ""
+    who = "reference metadata" if cmp.plan.consumer_source == Source.ref_claim else "contract"
+    return f"the {who}'s {c.kind.value} consumer"
 
 
 def _side(cmp: Comparison, which: str) -> str:
@@ -79,23 +84,23 @@ def _recycle(ev: Evidence, r: Result, label: str, base: dict, metrics: dict) -> 
     st, cmp = r.step, ev.cmp
     if st is None or st.cand_kind is None:
         return None
-    spec = cmp.plan.consumer
-    declared = spec.recycle if spec is not None and spec.recycle in (Recycle.d_norm, Recycle.d_raw, Recycle.target) \
-        else None
-    want = st.ref_kind or declared
+    want = st.rule  # the reference's own recycle, else its consumer's, else the contract's (compare.steps)
     if want is None or want == st.cand_kind:
         return None
     code = {(Recycle.d_raw, Recycle.d_norm): "RECYCLE_NORM_MISSING",
             (Recycle.d_norm, Recycle.d_raw): "RECYCLE_NORM_APPLIED"}.get((st.cand_kind, want), "RECYCLE_TARGET")
     k = names.parse(r.name).index or 0
     ref_what = _WHAT[want].format(j=k - 1)
-    msg = f"{label} (the hidden state step {k} is fed) is {_WHAT[st.cand_kind].format(j=k - 1)} ({st.cand_source}); " \
-          f"{_side(cmp, 'ref')} recycles {ref_what}" + (f" ({st.ref_source})" if st.ref_source else "")
-    if declared is not None:
-        msg += f"; {_origin(cmp)} recycles {declared.value}"
+    msg = f"{label} (the hidden state step {k} is fed) is {_WHAT[st.cand_kind].format(j=k - 1)} ({st.cand_source}); "
+    if st.rule_source == Source.ref_values:
+        msg += f"{_side(cmp, 'ref')} recycles {ref_what} ({st.ref_source})"
+    else:
+        msg += f"{_origin(cmp)} recycles {ref_what}"
+    spec = cmp.plan.consumer
     ev_d = {"before": _num(ev.before(r)), "after": _num(st.distances.get(st.cand_source or "")),
             "holds": st.cand_source, "reference_holds": st.ref_source, "recycle": st.cand_kind.value,
-            "expected_recycle": want.value, "distances": {k: _num(v) for k, v in st.distances.items()},
+            "expected_recycle": want.value, "rule_from": st.rule_source.value,
+            "distances": {k: _num(v) for k, v in st.distances.items()},
             "consumer_source": _bounded(spec.source) if spec is not None and spec.source else None}
     return Finding.make(code, msg, identified_as=(st.cand_source or "").split(":")[-1].split("[")[0] or None,
                         metrics=metrics, evidence=ev_d, **base)
@@ -216,13 +221,13 @@ LAST_STATE_FIX = {
 
 
 def annotate_step0(cmp: Comparison, findings: list[Finding]) -> list[Finding]:
-    """Say what each side fed at step 0 when the draft reads the target's last state, and
-    check the reference itself against a contract that says post-norm."""
+    """Say what each side fed at step 0 when the draft reads the target's last state (a
+    reference whose aux.0 contradicts a post-norm contract is a CONTRACT_CONFLICT already)."""
     kind = _kind(cmp)
-    slot0 = next((s for s in cmp.plan.slots if s.index == 0), None)
-    if kind not in LAST_STATE and not (slot0 is not None and slot0.post_norm):
+    slot0 = next((e for e in cmp.plan.slots if e.slot == 0), None)
+    if kind not in LAST_STATE and not (slot0 is not None and slot0.expect.post_norm):
         return findings
-    n = next((s.expected_stream for s in cmp.plan.slots if s.expected_stream is not None), None) or _n(cmp)
+    n = (slot0.expect.stream if slot0 is not None else None) or _n(cmp)
     words = step0_words(kind) if kind is not None else ""
     ref_held = cmp.ref_slot_names[0] if cmp.ref_slot_names else None
     fed = {"NORM_MISSING": f"stream {n} before the final norm", "NORM_APPLIED": f"fnorm(s={n})"}
@@ -234,19 +239,11 @@ def annotate_step0(cmp: Comparison, findings: list[Finding]) -> list[Finding]:
                 (f"; {_side(cmp, 'ref')} fed {ref_fed}" if ref_fed else "") + (f"; {words}" if words else "")
             if kind in LAST_STATE:  # the runtimes agree on fnorm(s=N): the fix is on whichever side differs
                 f.fix = LAST_STATE_FIX[f.code]
-    if slot0 is not None and slot0.post_norm and slot0.why.startswith("contract") and n is not None \
-            and ref_held == names.hidden(n):
-        findings.insert(0, Finding.make(
-            "NORM_MISSING", f"reference aux.0 (what {_side(cmp, 'ref')} fed the draft at step 0) is stream {n} before "
-            f"the final norm, but the draft reads fnorm(s={n}) ({_origin(cmp) or 'the contract'})"
-            + (f"; {words}" if words else "") + ": the draft was trained on another tensor than it is served",
-            expected=names.FINAL_NORM, identified_as=names.hidden(n),
-            evidence={"side": "reference", "reference_tensor": names.aux(0)}))
     return findings
 
 
 def _n(cmp: Comparison) -> int | None:
-    return next((s.num_layers for s in (cmp.plan.ref, cmp.plan.cand) if s.num_layers), None)
+    return cmp.plan.num_layers if cmp.plan.num_layers is not None else cmp.plan.cand.num_layers
 
 
 def step0_words(kind: Consumer) -> str:
@@ -265,10 +262,9 @@ def step0_words(kind: Consumer) -> str:
     return "; ".join(out)
 
 
-HIDDEN_INPUT_CODES = ("RECYCLE_NORM_MISSING", "RECYCLE_NORM_APPLIED", "RECYCLE_TARGET", "NORM_MISSING",
-                      "NORM_APPLIED", "LAYER_MISMATCH", "TOKEN_SHIFT", "SCALE_MISMATCH")
-ECHO_CODES = ("NORM_APPLIED", "NORM_MISSING", "TOKEN_SHIFT", "SCALE_MISMATCH", "LAYER_MISMATCH", "ZERO_VALUES")
-UNCHECKED = ("NOT_VERIFIED", "MISSING", "EXPECTATION_UNKNOWN", "NOTHING_COMPARED")  # not a divergence: never a root
+HIDDEN_INPUT_CODES = with_property("hidden_input")
+ECHO_CODES = with_property("echo")
+UNCHECKED = with_property("unchecked")  # not a divergence: never a root
 
 
 def group_steps(cmp: Comparison, findings: list[Finding]) -> list[Finding]:

@@ -59,7 +59,7 @@ class Evidence:
     def view(self, name: str) -> TensorView | None:
         if name in self.cmp.ref.tensors:
             return self.cmp.ref.tensors[name]
-        return next((v for v in self.cmp.plan.ref.slots if v.name == name), None)
+        return next((v for v in self.cmp.plan.ref.slots.values() if v.name == name), None)
 
     def ref_rows_at(self, name: str, rows: np.ndarray) -> np.ndarray | None:
         v = self.view(name)
@@ -104,11 +104,17 @@ class Evidence:
         return names.stream_words(s, self._num_layers())
 
     def _num_layers(self) -> int | None:
+        """N: the reference's metadata, else the declaration (the plan), else a reference that
+        records every stream 0..M (M is then the top), else the candidate's metadata (words
+        only). The highest recorded stream of a thin reference is not the model's top."""
         if self._n_layers is None:
-            n = next((side.num_layers for side in (self.cmp.plan.ref, self.cmp.plan.cand) if side.num_layers), None)
+            n = self.cmp.plan.num_layers
             if n is None:
-                hs = [s for s in (names.stream_of(x) for x in self.cmp.ref.tensors) if s is not None]
-                n = max(hs) if hs else None
+                hs = {s for s in (names.stream_of(x) for x in self.cmp.ref.tensors) if s is not None}
+                if hs and hs == set(range(max(hs) + 1)) and len(hs) > 2:
+                    n = max(hs)
+            if n is None:
+                n = self.cmp.plan.cand.num_layers
             self._n_layers = (n,)  # computed once: diagnosis asks for every tensor
         return self._n_layers[0]
 

@@ -56,7 +56,16 @@ def layer_mismatch(ev: Evidence, r: Result) -> Explanation | None:
     if b is None or before is None or r.ref is None or r.ident is None or r.ref.name in r.ident.group:
         return None
     name, dist = b
-    s_got, s_want = ev.cmp.stream_of(name), ev.cmp.stream_of(r.ref.name)
+    s_got, s_want = ev.cmp.stream_of(name), r.expected_stream
+    if r.post_norm and s_got is not None:
+        # fnorm(s=N) expected: stream N itself is a norm story (NORM_MISSING); another stream
+        # is another layer, named only when the values positively say so
+        if s_got == s_want or not r.matched:
+            return None
+        return Explanation("LAYER_MISMATCH", f"holds {ev.stream_name(name)}; expected fnorm(s={s_want}), the "
+                           "target's final norm applied", before, dist, name,
+                           {"stream": s_got, "expected_stream": s_want, "expected_norm": "final_norm",
+                            **({"offset": s_got - s_want} if s_want is not None else {})})
     slot_got, slot_want = names.parse(name), names.parse(r.ref.name)
     if (s_got is None or s_want is None) and slot_got.kind == slot_want.kind == names.AUX \
             and slot_got.index is not None and slot_got.index != slot_want.index and r.matched:
@@ -117,7 +126,7 @@ def residual_missing(ev: Evidence, r: Result) -> Explanation | None:
     # No parts recorded: judge by the norm profile. A block delta is much smaller than the
     # stream, matches no stream, and removing it from the stream moves it toward the
     # previous stream (what is left is stream s-1 plus the other block's delta).
-    s = ev.cmp.stream_of(r.ref.name)
+    s = r.expected_stream if not r.post_norm else None
     if s is None or s == 0 or (r.ident and r.ident.best and r.ident.best.distance <= ev.cmp.tol.dtype_floor(r.cand.dtype, r.ref.dtype)):
         return None
     prev, cur = ev.ref(r, names.hidden(s - 1)), ev.expected(r)
@@ -159,15 +168,15 @@ def _exact_enough(ev: Evidence, r: Result, after: float) -> bool:
     the 3 of other explanations): a real norm fits within rounding (SmolLM2 final norm:
     2e-15 in fp64) or a bf16 forward's drift; a per-token scale of a flat tensor, no closer
     than its row-norm spread allows."""
-    return after <= NORM_FIT_FLOORS * ev.cmp.noise_floor(r, user=False)[0]
+    return after <= NORM_FIT_FLOORS * ev.cmp.pair_floor(r, user=False)[0]
 
 
 def _ref_is_normed(ev: Evidence, r: Result) -> bool:
     if r.ref is None:
         return False
-    if names.parse(ev.cmp.canonical(r.ref.name) or "").kind == names.FINAL_NORM:
+    if r.post_norm or names.parse(ev.cmp.canonical(r.ref.name) or "").kind == names.FINAL_NORM:
         return True
-    tm = ev.cmp.plan.ref_meta_tensors.get(r.ref.name) if ev.cmp.plan.ref_meta_tensors else None
+    tm = ev.cmp.ref.metadata.tensors.get(r.ref.name) if ev.cmp.ref.metadata is not None else None
     return tm is not None and tm.norm is not None and tm.norm.value != "none"
 
 
@@ -181,10 +190,10 @@ def norm_applied(ev: Evidence, r: Result) -> Explanation | None:
     d, kind, weighted = norm_fit(c, e)
     if c.shape[0] < 8 and weighted:
         return None  # too few rows to fit a weight honestly
-    noise = ev.cmp.noise_floor(r, user=False)[0]
+    noise = ev.cmp.pair_floor(r, user=False)[0]
     if not looks_normed(c, e, d, noise) or _ref_is_normed(ev, r) or not _exact_enough(ev, r, d):
         return None
-    s, n = ev.cmp.stream_of(r.ref.name) if r.ref else None, ev._num_layers()
+    s, n = (r.expected_stream if not r.post_norm else None), ev._num_layers()
     where = "HF's post-norm last hidden state" if s is not None and s == n else \
         "a fused add+RMSNorm output: the next layer's input norm captured instead of the stream"
     return Explanation("NORM_APPLIED", f"equals the expected tensor after {kind}{' with a weight' if weighted else ''} "
@@ -199,7 +208,7 @@ def norm_missing(ev: Evidence, r: Result) -> Explanation | None:
     d, kind, weighted = norm_fit(e, c)
     if c.shape[0] < 8 and weighted:
         return None
-    noise = ev.cmp.noise_floor(r, user=False)[0]
+    noise = ev.cmp.pair_floor(r, user=False)[0]
     if not (_ref_is_normed(ev, r) or looks_normed(e, c, d, noise)) or not _exact_enough(ev, r, d):
         return None  # nothing says the expected tensor is a norm's output
     raw = r.ident.best.name if r.ident and r.ident.best and names.parse(r.ident.best.name).kind == names.HIDDEN else None

@@ -8,6 +8,7 @@ another command).
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -15,6 +16,7 @@ from consistency.contract.ids import parse_ids  # noqa: F401 - re-exported for t
 from consistency.errors import UsageError
 
 if TYPE_CHECKING:
+    from consistency.compare.request import CompareRequest
     from consistency.contract.findings import CompareReport
 
 
@@ -26,68 +28,90 @@ def load_contract(path: str | None) -> Any:
     return read_contract(path)
 
 
-def run(reference: Any, candidate: Any, contract: str | None = None, rtol: float | None = None,
-        atol: float | None = None, threshold: float | None = None, tolerance: Sequence[str] = (),
-        progress: Callable[..., Any] | None = None, layer_ids: str | Sequence[int] | None = None,
-        convention: str | None = None, ref_layer_ids: str | Sequence[int] | None = None,
-        cand_layer_ids: str | Sequence[int] | None = None, tokenizer: Any = None) -> CompareReport:
-    """Compare REFERENCE (what the draft was trained on) with CANDIDATE (what it is fed).
+def run(reference: Any, candidate: Any, **options: Any) -> CompareReport:
+    """Compare REFERENCE (what the draft was trained on) with CANDIDATE (what it is fed);
+    ``options`` are :class:`~consistency.compare.request.CompareRequest`'s fields (an
+    unknown one is a usage error)."""
+    from consistency.compare.request import CompareRequest
 
-    ``layer_ids`` describe each side that does not record its own ids; ``ref_layer_ids`` /
-    ``cand_layer_ids`` describe one side and win over what it records. Several captures of a
-    name (chunked prefill, decode steps) are stitched and the two sides' tokens aligned by
-    ``input_ids`` first; ``tokenizer`` (an object or a local path) only decodes unaligned spans. ``progress`` is a
-    factory ``(label, total) -> tick`` (the CLI passes a rich progress bar); diagnosis sits
-    below the report layer, so it never builds one itself."""
+    return run_request(CompareRequest.build(reference, candidate, **options))
+
+
+def run_request(req: CompareRequest) -> CompareReport:
+    """The pipeline. ``layer_ids`` describe each side that does not record its own ids;
+    ``ref_layer_ids`` declare what the reference holds (its own values and claims outrank
+    them: a disagreement is CONTRACT_CONFLICT); ``cand_layer_ids`` say what the candidate
+    claims (compared with its values, never trusted). Several captures of a name (chunked
+    prefill, decode steps) are stitched and the two sides' tokens aligned by ``input_ids``
+    first; ``tokenizer`` (an object or a local path) only decodes unaligned spans."""
     from consistency.compare.engine import compare
-    from consistency.compare.prepare import prepare, reconcile
-    from consistency.contract.findings import Severity
-    from consistency.compare.tolerance import ToleranceModel, parse_rules
+    from consistency.compare.prepare import prepare
+    from consistency.diagnose import tokens as token_words
     from consistency.diagnose.engine import explain
     from consistency.diagnose.report import build
     from consistency.dump.sets import open_side
 
-    _check_number("--rtol", rtol)
-    _check_number("--atol", atol)
-    _check_number("--threshold", threshold)
-    try:
-        rules = parse_rules(list(tolerance))
-    except (ValueError, Exception) as exc:  # re.error is an Exception
-        raise UsageError(f"--tolerance: {exc}") from None
-    for r in rules:
-        _check_number(f"--tolerance {r.pattern}", r.floor)
-    tol = ToleranceModel(rules=rules, floor_override=threshold, rtol=rtol, atol=atol)
-    con = load_contract(contract)
-    ids = parse_ids(layer_ids)
-    ref_ids, cand_ids = parse_ids(ref_layer_ids), parse_ids(cand_layer_ids)
+    tol = req.tolerance_model()
+    con = load_contract(req.contract) if isinstance(req.contract, (str, os.PathLike)) else req.contract
+    ids = list(req.layer_ids) if req.layer_ids is not None else None
+    ref_ids = list(req.ref_layer_ids) if req.ref_layer_ids is not None else None
+    cand_ids = list(req.cand_layer_ids) if req.cand_layer_ids is not None else None
+    conv = req.convention
     notes: list[str] = []
-    with open_side(reference, ref_ids if ref_ids is not None else ids, convention) as ref, \
-            open_side(candidate, cand_ids if cand_ids is not None else ids, convention) as cand:
-        notes += apply_ids(ref, ids, ref_ids, convention, "--ref-layer-ids")
-        notes += apply_ids(cand, ids, cand_ids, convention, "--cand-layer-ids")
+    with open_side(req.reference, ref_ids if ref_ids is not None else ids, conv) as ref, \
+            open_side(req.candidate, cand_ids if cand_ids is not None else ids, conv) as cand:
+        declared, dnotes = declare_ids(ref, ids, ref_ids, conv)
+        notes += dnotes + apply_ids(cand, ids, cand_ids, conv, "--cand-layer-ids")
+        if con is not None:
+            from consistency.compare.plan import declared_from_contract
+
+            declared = declared_from_contract(con)[0]
         # stitch multi-capture names, align tokens by input_ids, compare only aligned rows
+        tokenizer = req.tokenizer
+        if isinstance(tokenizer, str):
+            from consistency.compare.tokenizer import load_tokenizer
+
+            tokenizer = load_tokenizer(tokenizer)
+        labels = (token_words.side_label(ref, "reference"), token_words.side_label(cand, "candidate"))
         ref, cand, alignment = prepare(ref, cand, tokenizer, same_context_only=True)
-        cmp = compare(ref, cand, con, tol, progress=progress if callable(progress) else None)
-        cmp.plan.notes[:0] = notes + list(alignment.notes)
-        findings, summary = explain(cmp)
-        findings = reconcile(findings, alignment)
-        token_errors = [f for f in alignment.findings if f.severity == Severity.error]
-        if token_errors:  # the token story comes first: it changes what every state means
-            demoted = alignment.context_differs and not alignment.only_same_context
-            summary = f"{token_errors[0].code}: {token_errors[0].message}" + ("" if demoted else f" -- {summary}")
-        rep = build(cmp, findings, summary)
-        rep.alignment = alignment.summary()
-        return rep
+        cmp = compare(ref, cand, con, tol, progress=req.progress, declared=declared)
+        tok = token_words.findings(alignment, labels[0], labels[1], tokenizer)
+        findings, st = explain(cmp)
+        findings = token_words.reconcile(findings, alignment, tok)
+        return build(cmp, findings, st, alignment, notes)
 
 
-def _check_number(flag: str, v: float | None) -> None:
-    if v is not None and (not math.isfinite(v) or v < 0):
-        raise UsageError(f"{flag} must be a finite number >= 0, got {v!r}")
+def declare_ids(d: Any, common: list[int] | None, own: list[int] | None, convention: str | None) -> tuple[Any, list[str]]:
+    """The user's ids for the reference as a declaration (compare.types.Declared), never
+    written into the file's metadata: its own claims outrank them. Common ids declare only
+    for a reference that records none; ``--ref-layer-ids`` always (a disagreement with what
+    the reference records is then a conflict). Foreign readers already took the ids."""
+    from consistency.compare.types import Declared, Meaning
+    from consistency.dump.formats.base import ForeignDump, resolve_claims
+
+    ids = own if own is not None else common
+    if ids is None or isinstance(d, ForeignDump):
+        return Declared(), []
+    meta = d.metadata
+    recorded = meta.aux.stream_ids if meta is not None and meta.aux is not None else None
+    n_layers = meta.model.num_layers if meta is not None and meta.model is not None else None
+    claims = resolve_claims(d.path, ids, convention, "stream", sorted_slots=False, num_layers=n_layers)
+    streams = claims.streams or []
+    flag = "--ref-layer-ids" if own is not None else "--layer-ids"
+    if recorded and own is None:
+        if list(recorded) != list(streams):
+            return Declared(), [f"{d.path.name} records streams {list(recorded)}; --layer-ids {ids} not applied to "
+                                f"it (use --ref-layer-ids to declare them, which its own record outranks)"]
+        return Declared(), []
+    return Declared(tuple(Meaning(s) for s in streams), None, f"{flag} {ids}"), \
+        [f"{d.path.name}: streams {streams} declared by {flag} {ids}"] + list(claims.notes)
 
 
 def apply_ids(d: Any, common: list[int] | None, own: list[int] | None, convention: str | None, flag: str) -> list[str]:
-    """Give a dump of ours the stream claims ``--layer-ids`` describe (foreign readers
-    already took them). Common ids fill a side that records none; per-file ids win."""
+    """The candidate's claims as the user states them (``--cand-layer-ids``, or common ids
+    for a candidate that records none): claims are only ever compared with the candidate's
+    values, so writing them into its metadata decides nothing (foreign readers already took
+    them)."""
     from consistency.dump.formats.base import ForeignDump, resolve_claims
 
     ids = own if own is not None else common

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-import re
+from typing import Any
 
 from consistency import __version__
 from consistency.compare import metadiff
 from consistency.compare.engine import Comparison
 from consistency.contract.findings import (CompareReport, DumpSummary, Finding, Severity, SimilarityMatrix, SlotReport,
                                            verdict_of)
+from consistency.diagnose import story as story_mod
+from consistency.diagnose import summary as summary_mod
+from consistency.diagnose import words
 from consistency.dump import names
 from consistency.dump.reader import Dump
 
@@ -19,18 +22,21 @@ def _summary(d: Dump, claimed: list[int] | None, runtime: str | None) -> DumpSum
     return DumpSummary(path=str(d.path), format=d.format, tensors=len(d.tensors), runtime=runtime, claimed_streams=claimed)
 
 
-def build(cmp: Comparison, findings: list[Finding], summary: str) -> CompareReport:
+def build(cmp: Comparison, findings: list[Finding], st: story_mod.Story | None = None, alignment: Any = None,
+          notes: list[str] | None = None) -> CompareReport:
+    """The report; its headline is written here, once, from the final findings.
+
+    ``alignment``: the token alignment (compare.tokens.TokenAlignment) when one was made;
+    ``notes``: what the caller assumed before compare ran (ids applied, ...)."""
     slots = []
     by_tensor = {}
     for f in findings:
         if f.tensor and (f.tensor not in by_tensor or f.severity == Severity.error):
             by_tensor[f.tensor] = f.code
     for r in sorted((r for r in cmp.results if r.slot is not None), key=lambda r: r.slot or 0):
-        ident = r.holds  # what the values say it is; None when it matches nothing
         slots.append(SlotReport(
-            slot=r.slot or 0, tensor=r.name, expected=r.expected,
-            expected_stream=r.expected_stream if r.expected_stream is not None else cmp.stream_of(r.expected),
-            identified_as=cmp.canonical(ident), identified_stream=cmp.stream_of(ident),
+            slot=r.slot or 0, tensor=r.name, expected=r.expected, expected_stream=r.expected_stream,
+            identified_as=r.holds, identified_stream=r.holds_stream,
             token_rel_diff=float(f"{r.metrics.token_rel_diff:.4g}") if r.metrics else None,
             confidence=None if not r.ident or r.ident.confidence is None else float(f"{min(r.ident.confidence, 1e12):.4g}"),
             runner_up=r.ident.runner_up.name if r.ident and r.ident.runner_up else None,
@@ -46,20 +52,27 @@ def build(cmp: Comparison, findings: list[Finding], summary: str) -> CompareRepo
         if d.severity == Severity.warning:
             findings = findings + [Finding.make("METADATA_DIFF", f"metadata {d.path}: reference {d.reference!r}, "
                                                 f"candidate {d.candidate!r}")]
-    summary = _count_warnings(summary, findings)
+    token_errors = [f for f in findings if f.code in ("NO_COMMON_TOKENS", "CONTEXT_DIFFERS", "TOKENS_EXTRA",
+                                                       "TOKENS_MISSING") and f.severity == Severity.error]
+    demoted = alignment is not None and alignment.context_differs and not alignment.only_same_context
+    summary = summary_mod.summarize(cmp, findings, st, token_errors[0] if token_errors else None, demoted)
     counts: dict[str, int] = {}
     for f in findings:  # every finding, the metadata ones included
         counts[f.code] = counts.get(f.code, 0) + 1
     per_token = {r.name: _downsample(r.metrics.per_row.tolist()) for r in cmp.results
                  if r.metrics is not None and r.metrics.per_row is not None and r.status != "ok"}
+    assumptions = list(notes or []) + [x if isinstance(x, str) else words.note(x)
+                                       for x in list(alignment.notes if alignment is not None else [])]
+    assumptions += [words.note(n) for n in cmp.plan.notes + cmp.notes]
     rep = CompareReport(
         version=__version__, verdict=verdict_of(findings), summary=summary,
         reference=_summary(cmp.ref, cmp.plan.ref.claimed_streams, cmp.plan.ref.runtime),
         candidate=_summary(cmp.cand, cmp.plan.cand.claimed_streams, cmp.plan.cand.runtime),
         slots=slots, findings=findings, metadata_diff=mdiff, counts=counts,
-        assumptions=list(cmp.plan.notes), seconds=round(cmp.seconds, 4),
+        assumptions=assumptions, seconds=round(cmp.seconds, 4),
         similarity=similarity(cmp), per_token=per_token,
-        not_compared=len(cmp.plan.not_compared))
+        not_compared=len(cmp.plan.not_compared),
+        alignment=alignment.summary() if alignment is not None else None)
     return rep
 
 
@@ -86,7 +99,7 @@ def similarity(cmp: Comparison) -> SimilarityMatrix | None:
     values = [[float(f"{cfp.distance(rn, c, rfp):.4g}") for c in cols] for rn in rows]
     by = {r.name: r for r in slots}
     exp = [_as_col(cmp, by[rn].expected, by[rn].expected_stream, cols) for rn in rows]
-    ident = [_as_col(cmp, by[rn].identified, cmp.stream_of(by[rn].identified), cols) for rn in rows]
+    ident = [_as_col(cmp, by[rn].identified, cmp.stream_of(by[rn].identified), cols) for rn in rows]  # the raw ranking
     return SimilarityMatrix(rows=rows, cols=cols, values=values, expected=exp, identified=ident,
                             metric="token_rel_diff")
 
@@ -97,15 +110,3 @@ def _as_col(cmp: Comparison, name: str | None, stream: int | None, cols: list[st
     if stream is not None and names.hidden(stream) in cols:
         return names.hidden(stream)
     return None
-
-
-_WARNINGS = re.compile(r" \((\d+) warnings?\)$")
-
-
-def _count_warnings(summary: str, findings: list[Finding]) -> str:
-    """A pass summary counts every warning, the metadata ones added after diagnosis too."""
-    n = sum(f.severity == Severity.warning for f in findings)
-    if not summary.startswith("pass"):
-        return summary
-    base = _WARNINGS.sub("", summary)
-    return base + (f" ({n} warning{'s' if n != 1 else ''})" if n else "")

@@ -17,8 +17,10 @@ from __future__ import annotations
 import numpy as np
 
 from consistency.compare.engine import Result, Status
+from consistency.compare.types import Source, StepHeld
 from consistency.contract.findings import Finding, Severity
 from consistency.contract.models import Recycle
+from consistency.diagnose import words
 from consistency.dump import names
 
 _WHAT = {Recycle.d_norm: "its own step {j} output after the draft's final norm (d_norm)",
@@ -49,7 +51,7 @@ def unpaired_rows(r: Result) -> list[Finding]:
     if n.kind == names.RECYCLE and n.index and r.step is not None:
         return [_recycle_own(r, n.index, base)]
     late = n.kind in names.DRAFT_KINDS and n.kind != names.RECYCLE and bool(n.index) and r.rows.past_end
-    msg = f"{_label(r)}: {r.rows.none_words()}, so it was not compared"
+    msg = f"{_label(r)}: {words.no_rows(r.rows)}, so it was not compared"
     if late:
         msg += f"; what step {n.index} was fed is checked on {names.recycle(n.index)} against the candidate's " \
                "own states"
@@ -62,18 +64,21 @@ def _recycle_own(r: Result, k: int, base: dict) -> Finding:
     where = f"anchor{'s' if len(st.anchors) > 1 else ''} {st.anchors}"
     held = f"{_WHAT[st.cand_kind].format(j=k - 1)} ({st.cand_source} at the same {where})" \
         if st.cand_kind is not None else f"none of the candidate's own states at the same {where}"
-    head = f"{_label(r)} (the hidden state step {k} is fed): {r.rows.none_words()}; checked within the " \
+    head = f"{_label(r)} (the hidden state step {k} is fed): {words.no_rows(r.rows)}; checked within the " \
            f"candidate: it is {held}"
     ev = dict(base.pop("evidence"), holds=st.cand_source, recycle=st.cand_kind.value if st.cand_kind else None,
-              expected_recycle=st.rule.value if st.rule else None, rule_from=st.rule_origin or None,
+              expected_recycle=st.rule.value if st.rule else None, rule_from=rule_origin(st) or None,
+              candidate_claims=st.claimed_rule.value if st.claimed_rule else None,
               distances={key: _num(v) for key, v in st.distances.items()})
     own_name = {Recycle.d_norm: names.DRAFT_NORM, Recycle.d_raw: names.DRAFT_OUT}.get(st.rule) if st.rule else None
     own = f"candidate:{names.draft(own_name, k - 1)}" if own_name else ""
     if st.rule is None:
-        return Finding.make("NOT_VERIFIED", f"{head}; neither the contract nor either dump's metadata says what "
-                            f"the draft recycles, so it is not verified (give --contract, or a reference with "
-                            f"metadata.extra['consumer'])", evidence=ev, **base)
-    rule = f"{st.rule_origin} recycles {st.rule.value}"
+        claim = f" (the candidate's metadata claims {st.claimed_rule.value}; a side never certifies itself)" \
+            if st.claimed_rule is not None else ""
+        return Finding.make("NOT_VERIFIED", f"{head}; neither the reference (its values or its metadata) nor the "
+                            f"contract says what the draft recycles, so it is not verified{claim} (give --contract, "
+                            f"or a reference with per-step tensors or metadata.extra['consumer'])", evidence=ev, **base)
+    rule = f"{rule_origin(st)} recycles {st.rule.value}"
     if st.cand_kind == st.rule:
         return Finding.make("OK", f"{head}, as {rule}", identified_as=_tensor(st.cand_source), evidence=ev, **base)
     if st.cand_kind is None:
@@ -84,6 +89,17 @@ def _recycle_own(r: Result, k: int, base: dict) -> Finding:
         return Finding.make("MISMATCH", f"{head}; {rule}, and it is not that state{gap}", evidence=ev, **base)
     code = _CODE.get((st.cand_kind, st.rule), "RECYCLE_TARGET")
     return Finding.make(code, f"{head}, but {rule}", identified_as=_tensor(st.cand_source), evidence=ev, **base)
+
+
+def rule_origin(st: StepHeld) -> str:
+    """Who says the recycle rule, in words: the reference's own values, its consumer, the contract."""
+    if st.rule_source == Source.ref_values:
+        return "the reference's own recycle (its values)"
+    if st.rule_source == Source.ref_claim:
+        return f"the reference metadata's {st.rule_kind} consumer"
+    if st.rule_source == Source.declared:
+        return f"the contract's {st.rule_kind} consumer"
+    return ""
 
 
 def _tensor(source: str | None) -> str | None:
@@ -98,7 +114,7 @@ def annotate(r: Result, findings: list[Finding]) -> list[Finding]:
     for f in findings:
         if f.tensor == r.name:
             if r.rows.one_sided:
-                f.message += f" -- {r.rows.words()}"
+                f.message += f" -- {words.rows(r.rows)}"
             f.evidence = dict(f.evidence or {}, rows=r.rows.as_dict())
             break
     return findings

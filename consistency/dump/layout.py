@@ -11,6 +11,9 @@ it comes from a file and is untrusted like everything else in one.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -19,6 +22,21 @@ from consistency.contract.models import DumpMetadata
 from consistency.errors import InputError
 
 KEY = "parallel"  # metadata.extra[KEY]
+
+
+@dataclass(frozen=True)
+class LayoutFact:
+    """What merging a layout's rank files found (a stage with no file, ranges that overlap,
+    a token no DP rank holds, ...), as data: ``code`` is the finding code diagnosis words
+    it under, ``tensor`` the tensor it names, ``data`` the facts."""
+
+    code: str
+    tensor: str | None = None
+    data: Mapping[str, Any] = field(default_factory=dict)
+
+    @staticmethod
+    def of(code: str, tensor: str | None = None, **data: Any) -> LayoutFact:
+        return LayoutFact(code, tensor, MappingProxyType(dict(data)))
 MAX_TOKENS = 10_000_000
 
 

@@ -23,7 +23,7 @@ import numpy as np
 
 from consistency.contract.models import DumpMetadata, TensorMeta
 from consistency.dump import dtypes
-from consistency.dump.reader import Dump, TensorView
+from consistency.dump.reader import Dump, TensorView, canonical_names
 from consistency.errors import InputError, UsageError
 
 
@@ -91,6 +91,7 @@ class MemoryDump(Dump):
             elif tm.shape is not None and tuple(tm.shape) != shape:
                 raise InputError(self.path, f"metadata says {key!r} has shape {tm.shape} "
                                             f"but the data has {list(shape)}")
+        canonical_names(self)
 
     def close(self) -> None:
         """Nothing to release: the views hold host copies, not file descriptors."""

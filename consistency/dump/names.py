@@ -59,6 +59,12 @@ def parse(name: str) -> Name:
     return Name(name)
 
 
+def canonical(name: str) -> str:
+    """The one spelling of an indexed name: ``hidden.01`` is ``hidden.1`` (stream 1)."""
+    n = parse(name)
+    return str(n) if n.index is not None else name
+
+
 def hidden(s: int) -> str:
     return f"{HIDDEN}.{s}"
 
@@ -97,7 +103,7 @@ def sort_key(name: str) -> tuple[int, str, int]:
     n = parse(name)
     rank = {INPUT_IDS: 0, HIDDEN: 1, RESID_MID: 2, ATTN_OUT: 3, MLP_OUT: 4, FINAL_NORM: 5, LOGITS: 6, AUX: 7,
             DRAFT_IDS: 8, DRAFT_EMBED: 9, DRAFT_CAT: 10, DRAFT_OUT: 11, DRAFT_NORM: 12, RECYCLE: 13}
-    if n.kind in DRAFT_KINDS:  # step by step: everything of step 0, then step 1, ...
+    if n.kind in DRAFT_KINDS and n.index is not None:  # step by step: everything of step 0, then step 1, ...
         return (8, f"{n.index:06d}", rank[n.kind])
     return (rank.get(n.kind, 14), n.kind, -1 if n.index is None else n.index)
 

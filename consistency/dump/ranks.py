@@ -96,7 +96,7 @@ class RankDump(ForeignDump):
                          tensors, meta)
         self.world = world
         self.replica_checks = replicas  # name -> (worst token rel_diff across ranks, first rank that differs)
-        self.dump_findings: list = []  # findings about the set itself (none for plain tensor parallel)
+        self.layout_facts: list = []  # facts about the set itself (none for plain tensor parallel)
 
     def rank_views(self, name: str) -> list[TensorView] | None:
         """Every rank's own copy of ``name`` (for explanations such as a missing all-reduce)."""

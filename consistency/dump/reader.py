@@ -176,6 +176,7 @@ class Dump:
                 self.format = "safetensors"
                 self._open_safetensors(fd)
             self._apply_metadata_dtypes()
+            canonical_names(self)
             if not self.tensors:  # nothing to compare must never read as "nothing differs"
                 raise InputError(self.path, f"holds no tensors (an empty {self.format} file)")
         except BaseException:
@@ -243,7 +244,7 @@ class Dump:
 
     # -- what a set of files adds (tensor-parallel ranks, pipeline stages); one file: nothing --
     replica_checks: Mapping[str, tuple[float, int]] = MappingProxyType({})  # name -> (spread, first rank that differs)
-    dump_findings: Sequence[Any] = ()  # findings about the set itself (contract.findings.Finding)
+    layout_facts: Sequence[Any] = ()  # facts about the set itself (dump.layout.LayoutFact), worded by diagnose
 
     def rank_views(self, name: str) -> list[TensorView] | None:
         """Every rank's copy of ``name`` (rank sets only)."""
@@ -276,6 +277,24 @@ class Dump:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def canonical_names(d: Dump) -> None:
+    """One spelling per meaning: ``hidden.01`` becomes ``hidden.1`` (and its metadata entry
+    with it); two spellings of one name in a file are refused, since either could be meant."""
+    renames = {n: names.canonical(n) for n in d.tensors if names.canonical(n) != n}
+    if not renames:
+        return
+    for old, new in renames.items():
+        if new in d.tensors or list(renames.values()).count(new) > 1:
+            twins = sorted({o for o, n in renames.items() if n == new} | ({new} if new in d.tensors else set()))
+            raise InputError(d.path, f"holds {' and '.join(repr(t) for t in twins)}: two spellings of {new!r}")
+    for old, new in renames.items():
+        view = d.tensors.pop(old)
+        view.name = new
+        d.tensors[new] = view
+        if d.metadata is not None and old in d.metadata.tensors:
+            d.metadata.tensors[new] = d.metadata.tensors.pop(old)
 
 
 def parse_metadata(path: Path, text: str) -> DumpMetadata:

@@ -9,8 +9,8 @@ DP attention, puts its data-parallel ranks' tokens back in order
 both sides of a boundary is checked as a replica: the transfer between stages is a copy,
 so two different values mean one stage's name is wrong.
 
-What the merge finds is not a tensor difference, so it is reported as findings on the dump
-(``dump_findings``), each naming the stage: a stage with no file (the capture guarded by
+What the merge finds is not a tensor difference, so it is kept as facts about the dump
+(``layout_facts``: data, worded by ``consistency.diagnose.layout``), each naming the stage: a stage with no file (the capture guarded by
 ``is_first_rank``, vLLM PR #45985), layer ranges that overlap or leave a gap, a stream
 outside the stage's range (a local layer index: ``enumerate(islice(layers, start, end))``
 counting from 0, vLLM PR #36731), a stream two stages hold with different values, and a
@@ -23,14 +23,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from consistency.contract.findings import Finding
 from consistency.contract.models import DumpMetadata
 from consistency.dump import layout as lay
 from consistency.dump import names
 from consistency.dump.formats.base import ForeignDump
+from consistency.dump.layout import LayoutFact
 from consistency.dump.ranks import RankDump, _ranges, _replica_spread, _set_name, _spec, check_set, full_shapes, tp_combine
 from consistency.dump.reader import Dump, TensorView
-from consistency.dump.tokens import TokenView, duplicate_spread, merge_ownership, show_keys
+from consistency.dump.tokens import TokenView, duplicate_spread, merge_ownership
 from consistency.errors import InputError
 
 CONFLICT_FLOOR = {2: 1e-4, 1: 1e-2}  # token rel_diff allowed between stage copies, by item size; else 1e-8
@@ -85,7 +85,7 @@ class StagedDump(ForeignDump):
     def __init__(self, world: int, dumps: dict[int, Dump], layouts: dict[int, lay.Layout]) -> None:
         self.all_dumps = list(dumps.values())
         self.world = world
-        self.dump_findings: list[Finding] = []
+        self.layout_facts: list[LayoutFact] = []
         self.replica_checks: dict[str, tuple[float, int]] = {}
         first = dumps[min(dumps)]
         for r, x in layouts.items():
@@ -106,7 +106,7 @@ class StagedDump(ForeignDump):
         aux = meta.aux.stream_ids if meta.aux else None
         stage_tensors = {s: self._stage(s, cells[s], dumps, layouts) for s in sorted(cells)}
         tensors, owner = self._union(stage_tensors, aux)
-        self._ranges_findings(self.num_layers, missing)
+        self._range_facts(self.num_layers)
         for d in self.all_dumps:
             for k, tm in (d.metadata.tensors.items() if d.metadata else ()):
                 meta.tensors.setdefault(k, tm.model_copy(deep=True))
@@ -172,11 +172,9 @@ class StagedDump(ForeignDump):
                              f"are missing{self._from_nodes()}")
         for s in gone:
             lo, hi = self._gap_for(s)
-            layers = f"layers [{lo}, {hi})" if lo is not None and hi is not None and lo < hi else "its layers"
-            self.dump_findings.append(Finding.make(
-                "STAGE_MISSING", f"pipeline stage {s} of {self.pp} wrote no rank file (ranks {_ranges(missing)} of "
-                f"{self.world} missing{self._from_nodes()}): {layers} were not recorded",
-                evidence={"stage": s, "missing_ranks": missing[:256], "layers": [lo, hi]}))
+            self.layout_facts.append(LayoutFact.of(
+                "STAGE_MISSING", stage=s, pp=self.pp, world=self.world, missing_ranks=missing[:256],
+                n_missing=len(missing), nodes=self.nodes[:8], layers=[lo, hi]))
 
     def _from_nodes(self) -> str:
         return f"; files came from nodes {', '.join(repr(n) for n in self.nodes[:8])}" if self.nodes else ""
@@ -239,21 +237,18 @@ class StagedDump(ForeignDump):
         return out
 
     def _token_findings(self, s: int, own: Any, worst: float) -> None:
-        where = f"pipeline stage {s}: " if self.pp > 1 else ""
+        stage = s if self.pp > 1 else None
         if own.unowned:
-            self.dump_findings.append(Finding.make(
-                "TOKEN_UNOWNED", f"{where}{len(own.unowned)} token(s) held by no data-parallel rank: "
-                f"{show_keys(own.unowned)}; the merged dump lacks them", evidence={"stage": s, "tokens": len(own.unowned)}))
+            self.layout_facts.append(LayoutFact.of("TOKEN_UNOWNED", stage=stage, tokens=len(own.unowned),
+                                                   keys=list(own.unowned)[:4096]))
         if own.duplicated:
             by_pair: dict[tuple[int, ...], list[Any]] = {}
             for k, rs in own.duplicated.items():
                 by_pair.setdefault(tuple(rs), []).append(k)
-            pairs = "; ".join(f"dp ranks {list(p)}: {show_keys(ks)}" for p, ks in list(by_pair.items())[:4])
-            same = "identical copies" if worst == 0 else f"copies differ (token rel_diff up to {worst:.3g})"
-            self.dump_findings.append(Finding.make(
-                "TOKEN_DUPLICATE", f"{where}{len(own.duplicated)} token(s) held by two data-parallel ranks ({same}): "
-                f"{pairs}; rank {min(min(p) for p in by_pair)}'s copy was kept",
-                evidence={"stage": s, "tokens": len(own.duplicated), "token_rel_diff": float(f"{worst:.4g}")}))
+            self.layout_facts.append(LayoutFact.of(
+                "TOKEN_DUPLICATE", stage=stage, tokens=len(own.duplicated), worst=float(worst),
+                pairs=[[list(p), list(ks)[:4096]] for p, ks in list(by_pair.items())[:4]],
+                kept=min(min(p) for p in by_pair)))
 
     # -- the union of stages --------------------------------------------------------------
     def _union(self, stage_tensors: dict[int, dict[str, TensorView]],
@@ -282,49 +277,35 @@ class StagedDump(ForeignDump):
             if outside:
                 self._outside(s, outside, aux)
         for (a, b), items in conflicts.items():
-            shown = ", ".join(f"{n} ({d:.3g})" for n, d in items[:8]) + (f" ... ({len(items)} in all)" if len(items) > 8 else "")
-            self.dump_findings.append(Finding.make(
-                "STAGE_CONFLICT", f"pipeline stages {a} and {b} both recorded {len(items)} tensor(s) with different "
-                f"values -- {shown} (token rel_diff); a stream crossing a stage boundary is a copy, so one stage "
-                f"names them wrongly", tensor=items[0][0],
-                evidence={"stages": [a, b], "names": [n for n, _ in items[:64]],
-                          "token_rel_diff": {n: float(f"{d:.4g}") for n, d in items[:64]}}))
+            self.layout_facts.append(LayoutFact.of("STAGE_CONFLICT", tensor=items[0][0], stages=[a, b],
+                                                   count=len(items), items=[[n, float(d)] for n, d in items[:64]]))
         return merged, owner
 
     def _outside(self, s: int, outside: list[str], aux: Sequence[int] | None) -> None:
         lo, hi = self.ranges[s]
         ws = [w for n in outside if names.parse(n).kind != names.AUX and (w := _where(n, aux)) is not None]
         local = lo > 0 and bool(ws) and all(_in_range(w, lo, hi, shift=lo) for w in ws)
-        hint = (f"; shifted by the stage's first layer ({lo}) they all fall inside it: a local layer index "
-                f"(0-based within the stage) was used where a global one belongs" if local else "")
-        shown = ", ".join(outside[:8]) + (f" ... ({len(outside)} in all)" if len(outside) > 8 else "")
-        self.dump_findings.append(Finding.make(
-            "STAGE_OUT_OF_RANGE", f"pipeline stage {s} (layers [{lo}, {hi})) recorded {shown}, outside its layer "
-            f"range{hint}", tensor=outside[0], evidence={"stage": s, "layers": [lo, hi], "names": outside[:64],
-                                                         "local_index": local}))
+        self.layout_facts.append(LayoutFact.of("STAGE_OUT_OF_RANGE", tensor=outside[0], stage=s, layers=[lo, hi],
+                                               names=outside[:64], count=len(outside), local_index=local))
 
-    def _ranges_findings(self, num_layers: int | None, missing: list[int]) -> None:
+    def _range_facts(self, num_layers: int | None) -> None:
         if self.pp == 1:
             return
         order = sorted(self.ranges.items(), key=lambda kv: kv[0])
         for (a, (alo, ahi)), (b, (blo, bhi)) in zip(order, order[1:]):
             if ahi > blo:
-                self.dump_findings.append(Finding.make(
-                    "STAGE_RANGES", f"pipeline stages {a} (layers [{alo}, {ahi})) and {b} (layers [{blo}, {bhi})) "
-                    f"overlap on layers [{blo}, {min(ahi, bhi)})", evidence={"stages": [a, b]}))
+                self.layout_facts.append(LayoutFact.of("STAGE_RANGES", what="overlap", stages=[a, b],
+                                                       ranges=[[alo, ahi], [blo, bhi]]))
             elif ahi < blo and b == a + 1:
-                self.dump_findings.append(Finding.make(
-                    "STAGE_RANGES", f"layers [{ahi}, {blo}) belong to no pipeline stage (stage {a} ends at {ahi}, "
-                    f"stage {b} starts at {blo})", evidence={"stages": [a, b]}))
+                self.layout_facts.append(LayoutFact.of("STAGE_RANGES", what="gap", stages=[a, b],
+                                                       ranges=[[alo, ahi], [blo, bhi]]))
         if order and order[0][0] == 0 and order[0][1][0] > 0:
-            self.dump_findings.append(Finding.make(
-                "STAGE_RANGES", f"pipeline stage 0 starts at layer {order[0][1][0]}: layers before it belong to no "
-                f"stage", evidence={"stages": [0]}))
+            self.layout_facts.append(LayoutFact.of("STAGE_RANGES", what="late_start", stages=[0],
+                                                   ranges=[list(order[0][1])]))
         if order and num_layers and order[-1][0] == self.pp - 1 and order[-1][1][1] != num_layers:
             s, (lo, hi) = order[-1]
-            self.dump_findings.append(Finding.make(
-                "STAGE_RANGES", f"the last pipeline stage {s} ends at layer {hi}, but the model has {num_layers} "
-                f"layers", evidence={"stages": [s]}))
+            self.layout_facts.append(LayoutFact.of("STAGE_RANGES", what="short_end", stages=[s], ranges=[[lo, hi]],
+                                                   num_layers=num_layers))
 
     # -- Dump API extras ------------------------------------------------------------------
     def rank_views(self, name: str) -> list[TensorView] | None:
@@ -352,17 +333,13 @@ def _spread(a: TensorView, b: TensorView) -> float:
     return _replica_spread([a, b])[0]
 
 
-def layout_findings(d: Dump, which: str = "candidate") -> list[Finding]:
-    """The findings a merged rank set carries, for diagnosis to add to its own: looks
-    through view wrappers (``.base``) and, for the reference side, says so and names no
-    candidate tensor."""
+def layout_facts(d: Dump) -> list[LayoutFact]:
+    """The facts a merged rank set carries, looking through view wrappers (``.base``)."""
     seen: Any = d
     for _ in range(8):
-        found = getattr(seen, "dump_findings", None)
+        found = getattr(seen, "layout_facts", None)
         if found:
-            if which == "candidate":
-                return list(found)
-            return [f.model_copy(update={"message": f"{which}: {f.message}", "tensor": None}) for f in found]
+            return list(found)
         seen = getattr(seen, "base", None)
         if seen is None:
             break

@@ -1,7 +1,7 @@
 """Read one side of a replay: its tokens, its aux slots (as the draft gets them), its labels.
 
 Aux slots are found the way ``consistency compare`` finds them
-(:func:`consistency.compare.align.describe_side`: ``aux.{i}`` tensors, or one concatenated
+(:func:`consistency.compare.sides.describe`: ``aux.{i}`` tensors, or one concatenated
 ``aux`` split by the claimed stream count or the hidden size), concatenated in slot order
 on the last dim: the ``cat(aux, -1)`` a runtime hands the draft's ``fc``.
 
@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from consistency.compare.align import describe_side
+from consistency.compare.sides import describe
 from consistency.contract.models import DumpMetadata
 from consistency.dump import names
 from consistency.dump.reader import Dump, TensorView
@@ -82,25 +82,28 @@ def read_side(path: str | Path, num_aux: int, width: int, target: Any | None, la
         ids = token_ids(d)
         check_model(p, d.metadata, target, target_name)
         check_streams(p, d, ids, target, target_name)
-        info = describe_side(d, width, num_aux)
-        if not info.slots:
+        info = describe(d, width, num_aux, "reference")
+        if list(info.slots) != list(range(len(info.slots))):
+            raise InputError(p, f"holds aux slots {sorted(info.slots)}: slots are numbered 0..n-1 with none missing")
+        slots = list(info.slots.values())
+        if not slots:
             raise InputError(p, "has no aux slots ('aux.{i}' or a concatenated 'aux') to feed the draft")
-        widths = {v.cols for v in info.slots}
-        if len(info.slots) != num_aux or widths != {width}:
-            raise InputError(p, f"holds {len(info.slots)} aux slot(s) of width {sorted(widths)}; the draft's fc takes "
+        widths = {v.cols for v in slots}
+        if len(slots) != num_aux or widths != {width}:
+            raise InputError(p, f"holds {len(slots)} aux slot(s) of width {sorted(widths)}; the draft's fc takes "
                                 f"{num_aux} of {width} (cat(aux) {num_aux * width} wide)")
         t = len(ids)
-        for v in info.slots:
+        for v in slots:
             if v.rows != t:
                 raise InputError(p, f"{v.name!r} has {v.rows} rows but 'input_ids' has {t} tokens")
-        aux = torch.cat([_rows(v) for v in info.slots], dim=-1)
+        aux = torch.cat([_rows(v) for v in slots], dim=-1)
         if not torch.isfinite(aux).all():
             raise InputError(p, "aux slots hold NaN or Inf values")
-        dtype = info.slots[0].dtype
+        dtype = slots[0].dtype
         meta = d.metadata
         y, source = _labels(d, ids, target, labels, cache if cache is not None else {})
     agree = None if source == "input_ids" else float((ids[1:] == y[:-1]).float().mean())
-    return Side(p, ids, aux, [v.name for v in info.slots], info.claimed_streams, dtype, y, source, agree, meta)
+    return Side(p, ids, aux, [v.name for v in slots], info.claimed_streams, dtype, y, source, agree, meta)
 
 
 def _labels(d: Dump, ids: torch.Tensor, target: Any | None, mode: str,

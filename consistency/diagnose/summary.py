@@ -1,0 +1,68 @@
+"""The one-sentence headline, built once from the final findings (no prose is re-read).
+
+It claims only what was verified: a pass says how many tensors were compared and what the
+slots hold; anything not verified is said as such; a failure leads with what changes how
+every other finding reads (the token story, a swap, a layout hole, a conflict), then the
+slot-list story, then the first error.
+"""
+
+from __future__ import annotations
+
+from consistency.compare.engine import Comparison, Status
+from consistency.contract.findings import CODES, Finding, Severity
+from consistency.diagnose import story as story_mod
+from consistency.dump import names
+
+
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}{'' if n == 1 else 's'}"
+
+
+def summarize(cmp: Comparison, findings: list[Finding], st: story_mod.Story | None,
+              token_error: Finding | None = None, context_demoted: bool = False) -> str:
+    errors = [f for f in findings if f.severity == Severity.error]
+    warnings = [f for f in findings if f.severity == Severity.warning]
+    body = _body(cmp, findings, errors, warnings, st)
+    if token_error is not None:  # the token story comes first: it changes what every state means
+        head = f"{token_error.code}: {token_error.message}"
+        return head if context_demoted else f"{head} -- {body}"
+    return body
+
+
+def _body(cmp: Comparison, findings: list[Finding], errors: list[Finding], warnings: list[Finding],
+          st: story_mod.Story | None) -> str:
+    leading = next((f for f in errors if CODES[f.code].leads), None)
+    if leading is not None:
+        return _first(leading, errors)
+    if st is not None and st.code != "LAYER_MISMATCH":
+        return st.sentence
+    if not errors:
+        return _pass(cmp, warnings)
+    if st is not None and st.detail.get("actual") and None not in st.detail["actual"]:
+        return st.sentence
+    return _first(errors[0], errors)
+
+
+def _first(first: Finding, errors: list[Finding]) -> str:
+    more = f" (and {len(errors) - 1} more error{'s' if len(errors) > 2 else ''})" if len(errors) > 1 else ""
+    return f"{first.code}: {first.message}{more}"
+
+
+def _pass(cmp: Comparison, warnings: list[Finding]) -> str:
+    compared = [r for r in cmp.results if r.status in (Status.ok, Status.drift)]
+    s = f"pass: {_count(len(compared), 'tensor')} compared"
+    slots = sorted((r for r in cmp.results if r.slot is not None), key=lambda r: r.slot or 0)
+    held: list = ["final_norm" if r.holds == names.FINAL_NORM else r.holds_stream for r in slots]
+    cand_side, ref_side = cmp.plan.cand.label, cmp.plan.ref.label
+    if slots and all(r.status in (Status.ok, Status.drift) and not r.tolerated for r in slots):
+        s += f"; {cand_side} slots hold streams {story_mod._fmt(held)} as {ref_side} expects"
+    elif slots:
+        unverified = [r.slot for r in slots if r.status not in (Status.ok, Status.drift) or r.tolerated]
+        s += f"; {cand_side} slots hold streams {story_mod._fmt(held)}; slot{'s' if len(unverified) != 1 else ''} " \
+             f"{story_mod._fmt(unverified)} not verified against what {ref_side} expects"
+    skipped = [r.name for r in cmp.results if r.status == Status.skipped]
+    if skipped:
+        s += f"; {_count(len(skipped), 'tensor')} not evaluated ({', '.join(skipped[:3])})"
+    if warnings:
+        s += f" ({_count(len(warnings), 'warning')})"
+    return s
