@@ -60,6 +60,10 @@ def run(reference: Any, candidate: Any, contract: str | None = None, rtol: float
     con = load_contract(contract)
     ids = parse_ids(layer_ids)
     ref_ids, cand_ids = parse_ids(ref_layer_ids), parse_ids(cand_layer_ids)
+    if convention:  # an unknown name is a usage error even when no --layer-ids uses it
+        from consistency.contract.resolve import check_spec
+
+        check_spec(convention)
     notes: list[str] = []
     with open_side(reference, ref_ids if ref_ids is not None else ids, convention) as ref, \
             open_side(candidate, cand_ids if cand_ids is not None else ids, convention) as cand:
@@ -96,7 +100,8 @@ def apply_ids(d: Any, common: list[int] | None, own: list[int] | None, conventio
     meta = d.metadata
     recorded = meta.aux.stream_ids if meta is not None and meta.aux is not None else None
     n_layers = meta.model.num_layers if meta is not None and meta.model is not None else None
-    claims = resolve_claims(d.path, ids, convention, "stream", sorted_slots=False, num_layers=n_layers)
+    claims = resolve_claims(d.path, ids, convention, "stream", sorted_slots=False, num_layers=n_layers,
+                            slots=sum(x[:4] == "aux." and x[4:].isdigit() for x in d.names()) or None)
     streams = claims.streams
     if recorded and own is None:
         if list(recorded) != list(streams or []):

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from consistency import __version__
-from consistency.contract import conventions as cv
+from consistency.contract import resolve
 from consistency.contract.findings import Severity
 from consistency.contract.models import Consumer
 from consistency.errors import UsageError
@@ -52,16 +52,8 @@ class _Built:
 def parse_runtime(spec: str) -> tuple[str, tuple[int, ...] | None, str | None]:
     """``sglang@0.5.12`` -> ('sglang', (0, 5, 12), '0.5.12'); malformed or pre-EAGLE-3 versions are
     a UsageError; a version newer than any known one is kept (the plan states what was assumed)."""
-    name, _, ver = spec.strip().partition("@")
-    name = name.strip().lower()
-    if name not in RUNTIMES:
-        raise UsageError(f"--runtime {spec!r}: expected sglang@VERSION or vllm@VERSION")
-    try:
-        v = cv.parse_version(ver) if ver else None
-        cv.check_version(name, v)
-    except ValueError as exc:
-        raise UsageError(f"--runtime {spec!r}: {exc}") from None
-    return name, v, (ver or None)
+    rs = resolve.parse_runtime(spec, RUNTIMES)
+    return rs.name, rs.version, (rs.text or None)
 
 
 def build(req: LintRequest) -> _Built:
@@ -90,7 +82,9 @@ def build(req: LintRequest) -> _Built:
     ctx.n = ctx.target.num_layers if ctx.target else None
     arch = arch_key(ctx.target.keys) if ctx.target else None
     if req.trained_with:
-        ctx.training = parse_trained_with(req.trained_with, ctx.n, arch)
+        stamp = ctx.draft.config.get("transformers_version") if ctx.draft is not None else None
+        stamp = stamp if isinstance(stamp, str) else None
+        ctx.training = parse_trained_with(req.trained_with, ctx.n, arch, stamp)
         m = ctx.training.model
         if m is not None:
             if ctx.target is None:
@@ -98,7 +92,7 @@ def build(req: LintRequest) -> _Built:
                                         m.num_layers, m.hidden_size, m.vocab_size, m.dtype, None, ctx.training.source)
                 ctx.n = m.num_layers
                 if ctx.training.streams is None and ctx.n is not None:
-                    ctx.training = parse_trained_with(req.trained_with, ctx.n, m.architecture)
+                    ctx.training = parse_trained_with(req.trained_with, ctx.n, m.architecture, stamp)
             elif m.num_layers and ctx.n and m.num_layers != ctx.n:
                 notes.append(f"the training side records {m.num_layers} layers but the target config has {ctx.n}")
     elif ctx.draft is not None:
@@ -229,6 +223,11 @@ def run_lint(req: LintRequest) -> R.LintReport:
             runtime=req.runtime, trained_with=req.trained_with),
         training_streams=list(tr) if tr is not None else None,
         training_source=ctx.training.source if ctx.training else None,
+        training_checked=bool(ctx.training and ctx.training.explicit and not ctx.training.ambiguous),
+        training_readings=[R.TrainingReading(label=r.label, streams=r.streams,
+                                             matches_serving=(r.streams == sv) if sv is not None else None)
+                           for r in (ctx.training.readings if ctx.training and aux else [])],
+        training_evidence=ctx.training.evidence if ctx.training else None,
         serving_streams=list(sv) if sv is not None else None, serving=_serving(ctx) if aux else None,
         slots=_slots(ctx) if aux else [],
         findings=findings, rules=results, counts=counts, assumptions=b.assumptions)
@@ -246,9 +245,16 @@ def _summary(verdict: str, counts: dict[str, int], tr: list[int] | None, sv: lis
         parts.append(f"{LABEL[ctx.kind]} draft ({(ctx.draft_kind if ctx.draft_kind.kind else ctx.requested).how})")
     if sv is not None:
         parts.append(f"{ctx.runtime_label} feeds streams {sv}")
-    if tr is not None:
-        explicit = ctx.training is not None and ctx.training.explicit
-        parts.append(f"training used {tr}" if explicit else f"the draft config implies {tr}")
+    t = ctx.training
+    if t is not None and t.ambiguous and ctx.kind not in LAST_HIDDEN:
+        parts.append("the training streams depend on what trained the draft: " + "; ".join(
+            f"{r.label}: {r.streams}" + ("" if sv is None else " (equal)" if r.streams == sv else " (differs)")
+            for r in t.readings))
+    elif tr is not None:
+        parts.append(f"training used {tr}" if t is not None and t.explicit else f"the draft config implies {tr}")
+    if t is not None and not t.explicit and ctx.kind not in LAST_HIDDEN and (tr is not None or t.ambiguous):
+        parts.append("what training really fed the draft was not checked: pass --trained-with (a training dump, "
+                     "a contract, or FRAMEWORK@VERSION:IDS), or compare a training dump with `consistency compare`")
     return "; ".join(parts)
 
 
@@ -272,7 +278,7 @@ def _slots(ctx: Context) -> list[R.SlotRow]:
         s = sv[i] if i < len(sv) else None
         rows.append(R.SlotRow(slot=i, training_stream=t, serving_stream=s,
                               serving_id=p.slot_ids[i] if p and i < len(p.slot_ids) else None,
-                              training_meaning=cv.describe_streams([t], ctx.n)[0] if t is not None else None,
-                              serving_meaning=cv.describe_streams([s], ctx.n)[0] if s is not None else None,
+                              training_meaning=resolve.describe_streams([t], ctx.n)[0] if t is not None else None,
+                              serving_meaning=resolve.describe_streams([s], ctx.n)[0] if s is not None else None,
                               match=(t == s) if tr and sv else None))
     return rows

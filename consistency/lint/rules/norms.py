@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from consistency.contract.versions import VersionRange
 from consistency.lint.configs import bool_at
 from consistency.lint.context import Context
 from consistency.lint.rules.base import E, W, Hit, rule
@@ -30,9 +31,7 @@ READS: dict[str, dict[str, list[tuple[tuple[int, ...] | None, tuple[int, ...] | 
 def reads(flag: str, runtime: str, version: tuple[int, ...] | None) -> tuple[str, ...]:
     """Keys ``runtime`` reads ``flag`` from at ``version`` (None: the newest release)."""
     for lo, hi, keys in READS[flag].get(runtime, []):
-        ok_lo = lo is None or version is None or version >= lo
-        ok_hi = hi is None if version is None else (hi is None or version < hi)
-        if ok_lo and ok_hi:
+        if VersionRange(lo, hi).covers(version):
             return keys
     return ()
 
