@@ -80,7 +80,7 @@ FAIL: dict[str, Callable[[], Scenario]] = {
     "NRM002": lambda: SG(draft=_cfg(norm_before_fc=True), runtime="sglang@0.5.16",
                          tensors=_t(input_norm__weight=("bfloat16", (768,)))),
     "NRM003": lambda: SG(draft=_ids([1, 15, 28], fc_norm=True)),
-    "NRM004": lambda: SG(draft=_cfg(norm_output=True)),
+    "NRM004": lambda: SG(draft=_cfg(norm_output=True, transformers_version="5.8.1")),
     "SRV001": lambda: SG(serve=_SERVE.replace("--speculative-num-steps 3", "--speculative-num-steps 1")
                          .replace("--speculative-num-draft-tokens 4", "--speculative-num-draft-tokens 6")),
     "SRV002": lambda: SG(serve=_SERVE.replace("--speculative-num-steps 3", "")),

@@ -24,7 +24,7 @@ from consistency.lint.draft import read_draft
 from consistency.lint.kind import LABEL, draft_kind, requested
 from consistency.lint.plan import alternatives, arch_key, serving_plan
 from consistency.lint.rules import Rule, select
-from consistency.lint.serve import parse_serve
+from consistency.lint.serve import adopt_speculators, parse_serve
 from consistency.lint.trained import from_draft, parse_trained_with
 
 RUNTIMES = ("sglang", "vllm")
@@ -74,8 +74,10 @@ def build(req: LintRequest) -> _Built:
     elif ctx.serve and ctx.serve.draft_model and Path(ctx.serve.draft_model).is_dir():
         ctx.draft = read_draft(Path(ctx.serve.draft_model))
         notes.append(f"draft read from the command line's draft path {ctx.serve.draft_model}")
+    _served_draft_is_linted(ctx, notes)
     ctx.target = _target(req, ctx, notes)
-    ctx.draft_kind, ctx.requested = draft_kind(ctx.draft), requested(ctx.serve, ctx.target)
+    ctx.draft_kind = draft_kind(ctx.draft)
+    ctx.requested = requested(ctx.serve, ctx.target, ctx.version, ctx.draft)
     if ctx.kind in LAST_HIDDEN:
         notes.append(f"{LABEL[ctx.kind]} setup ({(ctx.draft_kind if ctx.draft_kind.kind else ctx.requested).how}): "
                      "the EAGLE-3 aux-stream rules do not apply")
@@ -113,6 +115,22 @@ def build(req: LintRequest) -> _Built:
     if ctx.training is not None and not ctx.training.explicit:
         notes.append(f"training streams {ctx.training.source}")
     return _Built(ctx, notes)
+
+
+def _served_draft_is_linted(ctx: Context, notes: list[str]) -> None:
+    """``vllm serve MODEL`` where MODEL is the speculators draft given to --draft (the same
+    directory, or a hub id naming it): vLLM turns EAGLE-3 on by itself, as for a local one."""
+    s, d = ctx.serve, ctx.draft
+    if s is None or d is None or s.runtime != "vllm" or s.spec_config or not s.target_model or d.format != "speculators":
+        return
+    folder = d.path if d.path.is_dir() else (d.config_path.parent if d.config_path else d.path)
+    model = Path(s.target_model)
+    same = (model.exists() and model.resolve() == folder.resolve()) or \
+        (not model.exists() and s.target_model.rstrip("/").rsplit("/", 1)[-1] == folder.resolve().name)
+    if same:
+        adopt_speculators(s, d.config, s.target_model, f"; {s.target_model} taken as the linted draft {d.path} "
+                          "(same name)")
+        notes.append(f"vllm serve {s.target_model}: the linted speculators draft, which turns EAGLE-3 on by itself")
 
 
 def _target(req: LintRequest, ctx: Context, notes: list[str]) -> TargetInfo | None:
