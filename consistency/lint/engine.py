@@ -18,7 +18,7 @@ from consistency.contract.models import Consumer
 from consistency.errors import UsageError
 from consistency.lint import report as R
 from consistency.lint.configs import TargetInfo, read_target, target_from_config
-from consistency.lint.swapped import swapped_draft, swapped_target
+from consistency.lint.swapped import builtin, refuse_dump, swapped_draft, swapped_target
 from consistency.lint.context import Context, NotEvaluated
 from consistency.lint.draft import read_draft
 from consistency.lint.kind import LABEL, draft_kind, requested
@@ -69,7 +69,9 @@ def build(req: LintRequest) -> _Built:
     elif ctx.serve:
         ctx.runtime = ctx.serve.runtime
     if req.draft:
-        ctx.draft = read_draft(Path(req.draft))
+        dp = builtin(req.draft, "--draft") or Path(req.draft)
+        refuse_dump(dp, "--draft")
+        ctx.draft = read_draft(dp)
         swapped_draft(ctx.draft, req.draft)
     elif ctx.serve and ctx.serve.draft_model and Path(ctx.serve.draft_model).is_dir():
         ctx.draft = read_draft(Path(ctx.serve.draft_model))
@@ -135,8 +137,10 @@ def _served_draft_is_linted(ctx: Context, notes: list[str]) -> None:
 
 def _target(req: LintRequest, ctx: Context, notes: list[str]) -> TargetInfo | None:
     if req.target:
-        swapped_target(Path(req.target), req.target)
-        return read_target(Path(req.target))
+        tp = builtin(req.target, "--target") or Path(req.target)
+        refuse_dump(tp, "--target")
+        swapped_target(tp, req.target)
+        return read_target(tp)
     for label, p in (("the command line's model path", ctx.serve.target_model if ctx.serve else None),
                      ("the speculators verifier", ctx.draft.verifier if ctx.draft else None)):
         if p and (Path(p) / "config.json").is_file():
