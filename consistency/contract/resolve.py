@@ -122,7 +122,7 @@ def check_streams(native: Sequence[int], streams: Sequence[int], n: int | None, 
                   what: str = "--layer-ids", spec: str = "") -> None:
     """Streams a user named must exist: 0..N for an N-layer target, one per slot, none twice."""
     under = f" under {spec}" if spec else ""
-    if slots is not None and len(native) != slots:
+    if slots is not None and len(native) < slots:  # one more (the last state, N) is what speculators records
         raise UsageError(f"{what} {list(native)}: {len(native)} id(s) for {slots} aux slot(s); give one id per slot")
     if any(s < 0 for s in streams) or (n is not None and any(s > n for s in streams)):
         valid = f"0..{n} for a {n}-layer target" if n is not None else "0 or more"
