@@ -64,10 +64,12 @@ def test_fail_on(tmp_path: Path) -> None:
     assert (rc, out["verdict"], out["exit-code"]) == (1, "fail", "1"), log
     rc, out, log = action("gate", "--config", seed, "--fail-on", "never", tmp=tmp_path)
     assert (rc, out["verdict"], out["exit-code"]) == (0, "fail", "0"), log
-    # the seed draft on vllm 0.33.0 without training ids: no error, one warning (by the lint rules)
+    # the seed draft on vllm 0.33.0 with pinned training ids: no error, one warning (by the lint rules); without
+    # them the SpecForge readings of its Kimi ids disagree, which is an error (issue 27)
     warn = tmp_path / "warn.toml"
     warn.write_text(f'[[lint]]\nname = "w"\ndraft = "{FIX / "drafts/sglang/kimi-k2.5-eagle3-seed.json"}"\n'
-                    f'target = "{FIX / "targets/kimi-k2.5.json"}"\nruntime = "vllm@0.33.0"\n')
+                    f'target = "{FIX / "targets/kimi-k2.5.json"}"\nruntime = "vllm@0.33.0"\n'
+                    'trained_with = "specforge@sglang-0.5.14:2,30,58"\n')
     rc, out, log = action("gate", "--config", warn, tmp=tmp_path)
     assert (rc, out["verdict"]) == (0, "pass"), log
     rc, out, log = action("gate", "--config", warn, "--fail-on", "warning", tmp=tmp_path)

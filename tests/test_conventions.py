@@ -10,14 +10,15 @@ from __future__ import annotations
 import pytest
 
 from consistency.contract import conventions as cv
+from consistency.contract import resolve as rs
 from consistency.contract import runtime_model as rm
 
 
 def test_public_api_is_unchanged() -> None:
-    r = cv.resolve("sglang@0.5.5", "LlamaForCausalLM")
+    r = rs.resolve("sglang@0.5.5", "LlamaForCausalLM")
     assert r.convention.to_streams([2, 30, 58], 61) == [3, 31, 59]
     assert r.convention.from_streams([0, 3, 31], 61) == [-1, 2, 30]
-    assert cv.describe_streams([0, 3, 61], 61)[0] == "the embedding"
+    assert rs.describe_streams([0, 3, 61], 61)[0] == "the embedding"
     assert {c.code for c in cv.REGISTRY} >= {"sglang-plus1", "sglang-deepseek", "vllm", "speculators", "specforge-hf"}
 
 
@@ -33,15 +34,15 @@ def test_public_api_is_unchanged() -> None:
 def test_id_meaning_per_runtime_version_and_architecture(spec: str, arch: str, ids: list[int],
                                                          streams: list[int]) -> None:
     n = 36 if "GptOss" in arch else 61
-    assert cv.resolve(spec, arch).convention.to_streams(ids, n) == streams
+    assert rs.resolve(spec, arch).convention.to_streams(ids, n) == streams
 
 
 def test_id_sources_by_runtime_runner_and_version() -> None:
-    assert cv.id_source("sglang", (0, 5, 23)).keys == (cv.NESTED_IDS,)
-    assert cv.id_source("vllm", (0, 21), "v1").keys == (cv.TOP_IDS,)
-    assert cv.id_source("vllm", (0, 22), "v1").keys == (cv.TOP_IDS, cv.NESTED_IDS)
-    assert cv.id_source("vllm", (0, 26), "v2").keys == (cv.TOP_IDS,)
-    assert cv.id_source("vllm", None, "v2").keys == (cv.TOP_IDS, cv.NESTED_LAYER_IDS)
+    assert rm.id_source("sglang", (0, 5, 23)).keys == (cv.NESTED_IDS,)
+    assert rm.id_source("vllm", (0, 21), "v1").keys == (cv.TOP_IDS,)
+    assert rm.id_source("vllm", (0, 22), "v1").keys == (cv.TOP_IDS, cv.NESTED_IDS)
+    assert rm.id_source("vllm", (0, 26), "v2").keys == (cv.TOP_IDS,)
+    assert rm.id_source("vllm", None, "v2").keys == (cv.TOP_IDS, cv.NESTED_LAYER_IDS)
 
 
 @pytest.mark.parametrize("version,arch,moe,env,feature,runner", [
@@ -57,7 +58,7 @@ def test_id_sources_by_runtime_runner_and_version() -> None:
 ])
 def test_vllm_runner_selection(version: tuple[int, ...], arch: str, moe: bool, env: str | None, feature: str | None,
                                runner: str) -> None:
-    assert cv.vllm_runner(version, arch, moe, env, feature)[0] == runner
+    assert rm.vllm_runner(version, arch, moe, env, feature)[0] == runner
 
 
 @pytest.mark.parametrize("runtime,version,arch,first,last", [
@@ -72,7 +73,7 @@ def test_vllm_runner_selection(version: tuple[int, ...], arch: str, moe: bool, e
     ("vllm", (0, 25), "DeepseekV3ForCausalLM", "error", "ok"),
 ])
 def test_capture_limits(runtime: str, version: tuple[int, ...], arch: str, first: str, last: str) -> None:
-    lim = cv.capture_limit(runtime, version, arch)
+    lim = rm.capture_limit(runtime, version, arch)
     assert lim is not None and (lim.first, lim.last) == (first, last)
 
 

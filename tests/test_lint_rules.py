@@ -64,6 +64,8 @@ FAIL: dict[str, Callable[[], Scenario]] = {
     "IDS008": lambda: SG(draft=_ids([2, 16, 29])),
     "IDS009": lambda: SG(draft=_ids([1, 15, 28], use_aux_hidden_state=False)),
     "IDS010": lambda: SG(trained_with="stream:0,3,31"),
+    "IDS011": lambda: SG(draft=_ids([2, 16, 29]), trained_with=None,
+                         target=dict(SG().target, architectures=["DeepseekV3ForCausalLM"])),
     "SHP001": lambda: SG(tensors=_t(fc__weight=("bfloat16", (256, 1024)))),
     "SHP002": lambda: SG(draft=_cfg(target_hidden_size=512)),
     "SHP003": lambda: SG(draft=_cfg(draft_vocab_size=600)),
@@ -78,7 +80,7 @@ FAIL: dict[str, Callable[[], Scenario]] = {
     "NRM002": lambda: SG(draft=_cfg(norm_before_fc=True), runtime="sglang@0.5.16",
                          tensors=_t(input_norm__weight=("bfloat16", (768,)))),
     "NRM003": lambda: SG(draft=_ids([1, 15, 28], fc_norm=True)),
-    "NRM004": lambda: SG(draft=_cfg(norm_output=True)),
+    "NRM004": lambda: SG(draft=_cfg(norm_output=True, transformers_version="5.8.1")),
     "SRV001": lambda: SG(serve=_SERVE.replace("--speculative-num-steps 3", "--speculative-num-steps 1")
                          .replace("--speculative-num-draft-tokens 4", "--speculative-num-draft-tokens 6")),
     "SRV002": lambda: SG(serve=_SERVE.replace("--speculative-num-steps 3", "")),

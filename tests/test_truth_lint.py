@@ -13,7 +13,9 @@ from pathlib import Path
 import pytest
 
 from consistency.contract import conventions as cv
-from consistency.contract.runtime_model import resolve_specforge, served_streams
+from consistency.contract import resolve as rs
+from consistency.contract.resolve import resolve_specforge
+from consistency.contract.runtime_model import served_streams
 from consistency.errors import InputError, UsageError
 from consistency.lint.engine import LintRequest, run_lint
 from consistency.lint.rules.parallel import pp_partition
@@ -124,17 +126,20 @@ KIMI_ARCH = "KimiK25ForConditionalGeneration"
     ("specforge@0.2.0", KIMI_ARCH, [2, 30, 58]),
 ])
 def test_specforge_ids_follow_the_sglang_it_captured_with(spec: str, arch: str, streams: list[int]) -> None:
-    assert cv.resolve(spec, arch).convention.to_streams([2, 30, 58], 61) == streams
+    assert rs.resolve(spec, arch).convention.to_streams([2, 30, 58], 61) == streams
 
 
 def test_specforge_without_a_version_says_what_it_assumed(tmp_path: Path) -> None:
     r = resolve_specforge("", KIMI_ARCH)
     assert "no specforge version given" in r.assumed and "0.5.14" in r.assumed
     assert r.convention.to_streams([1, 29, 57], 61) == [2, 30, 58]  # first id 1: +1 (PR #25454)
-    rep = Scenario(target=json.loads(KIMI.read_text()), trained_with="specforge:2,30,58", serve=None,
-                   runtime="sglang@0.5.23").run(tmp_path)
-    assert rep.training_streams == [2, 30, 58]
-    assert any("no specforge version given" in a for a in rep.assumptions)
+    rep = run_lint(LintRequest(target=str(KIMI), trained_with="specforge:2,30,58", runtime="sglang@0.5.23"))
+    # unpinned SpecForge on a Kimi target: two readings, one of them a mismatch -> an error listing both (issue 27)
+    assert [(r.streams, r.matches_serving) for r in rep.training_readings] == [([3, 31, 59], False),
+                                                                               ([2, 30, 58], True)]
+    assert not rep.training_checked and rep.verdict == "fail"
+    ids2 = next(f for f in rep.findings if f.code == "IDS002")
+    assert "[3, 31, 59]" in ids2.message and "equal" in ids2.message and "differs" in ids2.message
     with pytest.raises(UsageError, match="specforge@sglang-0.5.14"):
         run_lint(LintRequest(target=str(KIMI), trained_with="specforge@0.5.14:2,30,58"))
 
@@ -186,7 +191,7 @@ def test_bad_runtime_versions_are_usage_errors(runtime: str, msg: str) -> None:
 def test_a_newer_version_names_the_release_assumed(tmp_path: Path) -> None:
     rep = Scenario(runtime="sglang@9.9.9").run(tmp_path)
     assert any("newer than any release" in a and "0.5.23" in a for a in rep.assumptions), rep.assumptions
-    assert cv.parse_version("0.5.12.post1") == (0, 5, 12)
+    assert rs.parse_version("0.5.12.post1") == (0, 5, 12)
 
 
 @pytest.mark.parametrize("flag", ["--speculative-num-steps -1", "--speculative-eagle-topk 0",

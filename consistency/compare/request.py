@@ -63,6 +63,10 @@ class CompareRequest:
         conv = options.get("convention")
         if conv is not None and not isinstance(conv, str):
             raise UsageError(f"convention: expected a convention name, got {type(conv).__name__}")
+        if conv:  # an unknown name is a usage error even when no ids use it
+            from consistency.contract.resolve import check_spec
+
+            check_spec(conv)
         progress = options.get("progress")
         options["progress"] = progress if callable(progress) else None
         return cls(reference, candidate, **options)

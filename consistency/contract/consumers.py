@@ -27,6 +27,7 @@ from consistency.contract.models import (
     Recycle,
     SlotSpec,
 )
+from consistency.contract.versions import VersionRange
 
 _F, _N = NormState.final_norm, NormState.none
 _EH, _HE = ConcatOrder.embed_hidden, ConcatOrder.hidden_embed
@@ -71,10 +72,7 @@ class ConsumerRow:
     def covers(self, version: tuple[int, ...] | None, family: str | None) -> bool:
         if self.families and family is not None and family not in self.families:
             return False
-        if version is None:
-            return self.max_version is None
-        return (self.min_version is None or version >= self.min_version) and \
-            (self.max_version is None or version < self.max_version)
+        return VersionRange(self.min_version, self.max_version).covers(version)
 
 
 def _row(code: str, method: Consumer, runtime: str, side: str, step0: NormState, recycle: Recycle, pairing: Pairing,

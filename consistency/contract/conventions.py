@@ -1,24 +1,25 @@
-"""What each runtime means by "layer id": a registry of conventions as data.
+"""What each runtime means by "layer id": a registry of conventions as data, and nothing else.
 
 Each entry maps a runtime's native aux-layer ids to stream indices (see
 docs/conventions.md). A version-dependent runtime (SGLang changed its rule in PR #25454)
-has one entry per version range; :func:`resolve` picks the entry for ``name@version`` and
-says which rule it assumed when no version was given, so a user can see the assumption.
+has one entry per version range; :func:`consistency.contract.resolve.resolve` picks the
+entry for ``name@version`` and says which rule it assumed when no version was given.
+This module holds tables only: every lookup lives in :mod:`consistency.contract.resolve`
+(ids to streams) and :mod:`consistency.contract.runtime_model` (what a release serves).
 
 Three smaller tables sit beside the id rules, because a server's behaviour has three
 independent parts that change in different releases: *where* it reads the ids
 (:data:`ID_SOURCES`), *what* an id means (:data:`REGISTRY`) and *which* streams its model
 files can capture at all (:data:`CAPTURE_LIMITS`). vLLM also picks one of two model runners
-that read different keys (:func:`vllm_runner`). ``consistency lint`` combines them.
+that read different keys (:data:`VLLM_V2_MOE_ARCHS`). ``consistency lint`` combines them.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from consistency.contract.models import NormState
+from consistency.contract.versions import VersionRange
 
 IdMap = Callable[[int, Sequence[int], int], int]  # (native id, all ids, N) -> stream
 
@@ -72,16 +73,12 @@ class Convention:
     architectures: frozenset[str] = frozenset()  # empty: every target architecture
     sorts: bool = False  # capture follows the layer loop: slots ascending, duplicates merged
 
+    @property
+    def range(self) -> VersionRange:
+        return VersionRange(self.min_version, self.max_version)
+
     def versions(self) -> str:
-        lo = ".".join(map(str, self.min_version)) if self.min_version else ""
-        hi = ".".join(map(str, self.max_version)) if self.max_version else ""
-        if lo and hi:
-            return f">={lo},<{hi}"
-        if lo:
-            return f">={lo}"
-        if hi:
-            return f"<{hi}"
-        return "any"
+        return self.range.label()
 
     def to_streams(self, ids: Sequence[int] | None, num_layers: int | None) -> list[int]:
         """Stream indices of the given native ids (or of the runtime's defaults when None)."""
@@ -166,114 +163,7 @@ LATEST_KNOWN = {"sglang": "0.5.23", "vllm": "0.33.0", "speculators": "0.9.0", "s
 FIRST_EAGLE3 = {"sglang": ((0, 4, 4), "sglang PR #4247 (EAGLE-3, March 2025)"),
                 "vllm": ((0, 8, 5), "vllm PR #16937 ([V1][Spec Decode] EAGLE-3 Support, April 2025)")}
 
-# A release number, optionally with a PEP 440 pre/post/dev/local part (0.5.12.post1, 0.9.0rc2, 0.8.5+cu128);
-# anything else (0.5.12@1, 0.5.x, latest) is malformed.
-_VERSION_RE = re.compile(r"^v?(\d+(?:\.\d+)*)(?:[.-]?(?:post|rc|dev|a|b)\d*)*(?:\+[A-Za-z0-9.]+)?$")
-
-
-def parse_version(text: str) -> tuple[int, ...]:
-    """``0.5.12`` -> (0, 5, 12); ``0.5.12.post1`` -> (0, 5, 12); malformed text is a ValueError."""
-    m = _VERSION_RE.match(text.strip())
-    if not m:
-        raise ValueError(f"malformed version {text!r} (expected digits and dots, e.g. 0.5.12 or 0.5.12.post1)")
-    return tuple(int(x) for x in m.group(1).split("."))
-
-
-def check_version(runtime: str, version: tuple[int, ...] | None) -> str | None:
-    """Older than the first release serving EAGLE-3: ValueError (the draft cannot run there).
-    Newer than the newest release the tables were checked on: plausible, so the newest
-    known release's behaviour is assumed, and the returned sentence says so."""
-    if version is None:
-        return None
-    first = FIRST_EAGLE3.get(runtime)
-    text = ".".join(map(str, version))
-    if first is not None and version < first[0]:
-        raise ValueError(f"{runtime} {text} predates EAGLE-3 support (first in {runtime} "
-                         f"{'.'.join(map(str, first[0]))}: {first[1]})")
-    newest = LATEST_KNOWN.get(runtime)
-    if newest is not None and version > parse_version(newest):
-        return (f"{runtime} {text} is newer than any release these rules were checked on: assumed the behaviour "
-                f"of {runtime} {newest}, the nearest known release")
-    return None
-
-
-@dataclass(frozen=True)
-class Resolved:
-    convention: Convention
-    version: str | None
-    assumed: str | None  # a sentence when a version-dependent rule was picked without a version
-
-
-def names() -> list[str]:
-    return sorted({c.runtime for c in REGISTRY} | {a for c in REGISTRY for a in c.aliases} | {"specforge"})
-
-
-def _covers(c: Convention, v: tuple[int, ...] | None) -> bool:
-    if v is None:
-        return c.max_version is None
-    return (c.min_version is None or v >= c.min_version) and (c.max_version is None or v < c.max_version)
-
-
-def resolve(spec: str, architecture: str | None = None) -> Resolved:
-    """``sglang@0.5.5`` -> the rule for that version (and target architecture, where the
-    runtime's rule differs by model file); without a version, the newest rule, stated.
-    ``specforge[@VER]`` is read through the SGLang release SpecForge captured with
-    (:func:`resolve_specforge`)."""
-    name, _, ver = spec.strip().partition("@")
-    key = name.strip().lower()
-    if key == "specforge":
-        from consistency.contract.runtime_model import resolve_specforge
-
-        return resolve_specforge(ver, architecture)
-    exact = [c for c in REGISTRY if c.code == key]
-    cands = exact or [c for c in REGISTRY if c.runtime == key or key in c.aliases]
-    if not cands:
-        raise KeyError(f"unknown convention {spec!r}; known: {', '.join(names())}")
-    v = parse_version(ver) if ver else None
-    newer = check_version(cands[0].runtime, v)  # too old for EAGLE-3: ValueError
-    if exact:
-        return Resolved(exact[0], ver or None, newer)
-    notes = [newer] if newer else []
-    if v is None and any(c.min_version or c.max_version for c in cands):
-        notes.append(f"no {key} version given: assumed {key}@{LATEST_KNOWN.get(key, 'latest')}'s rule; pass {key}@VERSION to pin it")
-    arch_specific = [c for c in cands if c.architectures]
-    if arch_specific and architecture is None:
-        notes.append(f"target architecture unknown: assumed the {key} rule of Llama-family model files "
-                     f"(DeepSeek/Kimi and gpt-oss targets use other rules)")
-    pool = [c for c in cands if architecture is not None and architecture in c.architectures] or \
-           [c for c in cands if not c.architectures]
-    for c in pool:
-        if _covers(c, v):
-            return Resolved(c, ver or None, "; ".join(notes) or None)
-    raise KeyError(f"no {key} rule covers version {ver}")
-
-
-def describe_streams(streams: Sequence[int], num_layers: int | None) -> list[str]:
-    """Human names of stream indices: 'embedding', 'layer 2 output', 'last layer output (pre-norm)'."""
-    out = []
-    for s in streams:
-        if s == 0:
-            out.append("the embedding")
-        elif num_layers is not None and s == num_layers:
-            out.append(f"layer {s - 1}'s output (the last layer, pre-norm)")
-        else:
-            out.append(f"layer {s - 1}'s output")
-    return out
-
-
-def hf_index_norm(index: int, num_layers: int) -> NormState:
-    """HF's ``output_hidden_states[N]`` is post-norm; every other index is a pre-norm stream."""
-    return NormState.final_norm if index == num_layers else NormState.none
-
-
 # --- where a runtime reads the ids, which streams it can capture, which vLLM runner runs ---
-
-def _in_range(v: tuple[int, ...] | None, lo: tuple[int, ...] | None, hi: tuple[int, ...] | None) -> bool:
-    """Whether version ``v`` lies in [lo, hi); an unknown version counts as the newest."""
-    if v is None:
-        return hi is None
-    return (lo is None or v >= lo) and (hi is None or v < hi)
-
 
 @dataclass(frozen=True)
 class IdSource:
@@ -285,6 +175,10 @@ class IdSource:
     runner: str = ""  # vLLM: "v1" or "v2"; empty for runtimes with one code path
     min_version: tuple[int, ...] | None = None
     max_version: tuple[int, ...] | None = None
+
+    @property
+    def range(self) -> VersionRange:
+        return VersionRange(self.min_version, self.max_version)
 
 
 TOP_IDS = "eagle_aux_hidden_state_layer_ids"
@@ -310,14 +204,6 @@ ID_SOURCES: tuple[IdSource, ...] = (
 )
 
 
-def id_source(runtime: str, version: tuple[int, ...] | None, runner: str = "") -> IdSource | None:
-    for s in ID_SOURCES:
-        ok_runner = not s.runner or s.runner == runner
-        if s.runtime == runtime and ok_runner and _in_range(version, s.min_version, s.max_version):
-            return s
-    return None
-
-
 @dataclass(frozen=True)
 class CaptureLimit:
     """Whether a runtime's model file can capture stream 0 (the embedding) and stream N."""
@@ -329,6 +215,10 @@ class CaptureLimit:
     architectures: frozenset[str] = frozenset()  # empty: every other architecture
     min_version: tuple[int, ...] | None = None
     max_version: tuple[int, ...] | None = None
+
+    @property
+    def range(self) -> VersionRange:
+        return VersionRange(self.min_version, self.max_version)
 
 
 CAPTURE_LIMITS: tuple[CaptureLimit, ...] = (
@@ -356,12 +246,6 @@ CAPTURE_LIMITS: tuple[CaptureLimit, ...] = (
 )
 
 
-def capture_limit(runtime: str, version: tuple[int, ...] | None, architecture: str | None) -> CaptureLimit | None:
-    rows = [c for c in CAPTURE_LIMITS if c.runtime == runtime and _in_range(version, c.min_version, c.max_version)]
-    specific = [c for c in rows if architecture is not None and architecture in c.architectures]
-    return (specific or [c for c in rows if not c.architectures] or [None])[0]
-
-
 # vLLM's model runner (vllm/config/vllm.py VllmConfig.use_v2_model_runner): VLLM_USE_V2_MODEL_RUNNER wins;
 # V2 became the default for dense models in 0.25 (PR #44443) and for every model in 0.29 (PR #53183).
 VLLM_V2_DENSE = (0, 25)
@@ -374,25 +258,3 @@ VLLM_V2_MOE_ARCHS: tuple[tuple[tuple[int, ...], frozenset[str]], ...] = (
                          "InklingForCausalLM", "InklingForConditionalGeneration", "KimiK3ForConditionalGeneration",
                          "LongcatFlashNgramForCausalLM", "Qwen2MoeForCausalLM"})),
 )
-
-
-def vllm_runner(version: tuple[int, ...] | None, architecture: str | None, is_moe: bool | None,
-                env: str | None = None, v1_only_feature: str | None = None) -> tuple[str, str]:
-    """('v1'|'v2', why) for a vLLM version, target and command line (env = VLLM_USE_V2_MODEL_RUNNER)."""
-    if env is not None and env.strip() != "":
-        on = env.strip().lower() in ("1", "true", "yes", "on")
-        return ("v2" if on else "v1"), f"VLLM_USE_V2_MODEL_RUNNER={env}"
-    if version is not None and version < VLLM_V2_DENSE:
-        return "v1", "V1 is the default before vllm 0.25"
-    if v1_only_feature:
-        return "v1", f"the V2 runner does not support {v1_only_feature}"
-    if version is None or version >= VLLM_V2_ALL:
-        return "v2", "V2 is the default for every model since vllm 0.29 (PR #53183)"
-    if is_moe is None:
-        return "v2", "V2 is the default for dense models since vllm 0.25 (PR #44443); target MoE-ness unknown"
-    if not is_moe:
-        return "v2", "V2 is the default for dense models since vllm 0.25 (PR #44443)"
-    archs = [a for v, a in VLLM_V2_MOE_ARCHS if version >= v][-1]
-    if architecture in archs:
-        return "v2", f"{architecture} is on vllm {'.'.join(map(str, version))}'s default-V2 list"
-    return "v1", "MoE targets stay on the V1 runner by default before vllm 0.29"

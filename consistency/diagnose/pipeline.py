@@ -95,7 +95,8 @@ def declare_ids(d: Any, common: list[int] | None, own: list[int] | None, convent
     meta = d.metadata
     recorded = meta.aux.stream_ids if meta is not None and meta.aux is not None else None
     n_layers = meta.model.num_layers if meta is not None and meta.model is not None else None
-    claims = resolve_claims(d.path, ids, convention, "stream", sorted_slots=False, num_layers=n_layers)
+    claims = resolve_claims(d.path, ids, convention, "stream", sorted_slots=False, num_layers=n_layers,
+                            slots=sum(x[:4] == "aux." and x[4:].isdigit() for x in d.tensors) or None)
     streams = claims.streams or []
     flag = "--ref-layer-ids" if own is not None else "--layer-ids"
     if recorded and own is None:
@@ -120,7 +121,8 @@ def apply_ids(d: Any, common: list[int] | None, own: list[int] | None, conventio
     meta = d.metadata
     recorded = meta.aux.stream_ids if meta is not None and meta.aux is not None else None
     n_layers = meta.model.num_layers if meta is not None and meta.model is not None else None
-    claims = resolve_claims(d.path, ids, convention, "stream", sorted_slots=False, num_layers=n_layers)
+    claims = resolve_claims(d.path, ids, convention, "stream", sorted_slots=False, num_layers=n_layers,
+                            slots=sum(x[:4] == "aux." and x[4:].isdigit() for x in d.tensors) or None)
     streams = claims.streams
     if recorded and own is None:
         if list(recorded) != list(streams or []):

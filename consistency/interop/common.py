@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from consistency.contract import conventions
+from consistency.contract.resolve import check_spec, streams_of
 from consistency.contract.models import DumpMetadata, ModelInfo, RuntimeInfo
 from consistency.dump import names
 from consistency.errors import UsageError
@@ -41,10 +41,8 @@ def write_streams(named: Mapping[str, Any], path: str | Path, *, input_ids: Any 
     for name in sorted(named, key=names.sort_key):
         rec.capture(name, squeeze_batch(named[name]), producer=runtime or None)
     if aux_layers is not None:
-        try:
-            streams = conventions.resolve(convention).convention.to_streams(list(aux_layers), n)
-        except (KeyError, ValueError) as exc:
-            raise UsageError(str(exc).strip("'\"")) from None
+        check_spec(convention, "convention")
+        streams = streams_of(list(aux_layers), convention, n).streams or []
         for i, s in enumerate(streams):
             if names.hidden(s) not in named:
                 raise UsageError(f"aux layer {aux_layers[i]} ({convention}) is stream {s}, which the cache does not hold")

@@ -12,19 +12,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from consistency import __version__
-from consistency.contract import conventions as cv
+from consistency.contract import resolve
 from consistency.contract.findings import Severity
 from consistency.contract.models import Consumer
 from consistency.errors import UsageError
 from consistency.lint import report as R
 from consistency.lint.configs import TargetInfo, read_target, target_from_config
-from consistency.lint.swapped import swapped_draft, swapped_target
+from consistency.lint.swapped import builtin, refuse_dump, swapped_draft, swapped_target
 from consistency.lint.context import Context, NotEvaluated
 from consistency.lint.draft import read_draft
 from consistency.lint.kind import LABEL, draft_kind, requested
 from consistency.lint.plan import alternatives, arch_key, serving_plan
 from consistency.lint.rules import Rule, select
-from consistency.lint.serve import parse_serve
+from consistency.lint.serve import adopt_speculators, parse_serve
 from consistency.lint.trained import from_draft, parse_trained_with
 
 RUNTIMES = ("sglang", "vllm")
@@ -52,16 +52,8 @@ class _Built:
 def parse_runtime(spec: str) -> tuple[str, tuple[int, ...] | None, str | None]:
     """``sglang@0.5.12`` -> ('sglang', (0, 5, 12), '0.5.12'); malformed or pre-EAGLE-3 versions are
     a UsageError; a version newer than any known one is kept (the plan states what was assumed)."""
-    name, _, ver = spec.strip().partition("@")
-    name = name.strip().lower()
-    if name not in RUNTIMES:
-        raise UsageError(f"--runtime {spec!r}: expected sglang@VERSION or vllm@VERSION")
-    try:
-        v = cv.parse_version(ver) if ver else None
-        cv.check_version(name, v)
-    except ValueError as exc:
-        raise UsageError(f"--runtime {spec!r}: {exc}") from None
-    return name, v, (ver or None)
+    rs = resolve.parse_runtime(spec, RUNTIMES)
+    return rs.name, rs.version, (rs.text or None)
 
 
 def build(req: LintRequest) -> _Built:
@@ -77,20 +69,26 @@ def build(req: LintRequest) -> _Built:
     elif ctx.serve:
         ctx.runtime = ctx.serve.runtime
     if req.draft:
-        ctx.draft = read_draft(Path(req.draft))
+        dp = builtin(req.draft, "--draft") or Path(req.draft)
+        refuse_dump(dp, "--draft")
+        ctx.draft = read_draft(dp)
         swapped_draft(ctx.draft, req.draft)
     elif ctx.serve and ctx.serve.draft_model and Path(ctx.serve.draft_model).is_dir():
         ctx.draft = read_draft(Path(ctx.serve.draft_model))
         notes.append(f"draft read from the command line's draft path {ctx.serve.draft_model}")
+    _served_draft_is_linted(ctx, notes)
     ctx.target = _target(req, ctx, notes)
-    ctx.draft_kind, ctx.requested = draft_kind(ctx.draft), requested(ctx.serve, ctx.target)
+    ctx.draft_kind = draft_kind(ctx.draft)
+    ctx.requested = requested(ctx.serve, ctx.target, ctx.version, ctx.draft)
     if ctx.kind in LAST_HIDDEN:
         notes.append(f"{LABEL[ctx.kind]} setup ({(ctx.draft_kind if ctx.draft_kind.kind else ctx.requested).how}): "
                      "the EAGLE-3 aux-stream rules do not apply")
     ctx.n = ctx.target.num_layers if ctx.target else None
     arch = arch_key(ctx.target.keys) if ctx.target else None
     if req.trained_with:
-        ctx.training = parse_trained_with(req.trained_with, ctx.n, arch)
+        stamp = ctx.draft.config.get("transformers_version") if ctx.draft is not None else None
+        stamp = stamp if isinstance(stamp, str) else None
+        ctx.training = parse_trained_with(req.trained_with, ctx.n, arch, stamp)
         m = ctx.training.model
         if m is not None:
             if ctx.target is None:
@@ -98,7 +96,7 @@ def build(req: LintRequest) -> _Built:
                                         m.num_layers, m.hidden_size, m.vocab_size, m.dtype, None, ctx.training.source)
                 ctx.n = m.num_layers
                 if ctx.training.streams is None and ctx.n is not None:
-                    ctx.training = parse_trained_with(req.trained_with, ctx.n, m.architecture)
+                    ctx.training = parse_trained_with(req.trained_with, ctx.n, m.architecture, stamp)
             elif m.num_layers and ctx.n and m.num_layers != ctx.n:
                 notes.append(f"the training side records {m.num_layers} layers but the target config has {ctx.n}")
     elif ctx.draft is not None:
@@ -121,10 +119,28 @@ def build(req: LintRequest) -> _Built:
     return _Built(ctx, notes)
 
 
+def _served_draft_is_linted(ctx: Context, notes: list[str]) -> None:
+    """``vllm serve MODEL`` where MODEL is the speculators draft given to --draft (the same
+    directory, or a hub id naming it): vLLM turns EAGLE-3 on by itself, as for a local one."""
+    s, d = ctx.serve, ctx.draft
+    if s is None or d is None or s.runtime != "vllm" or s.spec_config or not s.target_model or d.format != "speculators":
+        return
+    folder = d.path if d.path.is_dir() else (d.config_path.parent if d.config_path else d.path)
+    model = Path(s.target_model)
+    same = (model.exists() and model.resolve() == folder.resolve()) or \
+        (not model.exists() and s.target_model.rstrip("/").rsplit("/", 1)[-1] == folder.resolve().name)
+    if same:
+        adopt_speculators(s, d.config, s.target_model, f"; {s.target_model} taken as the linted draft {d.path} "
+                          "(same name)")
+        notes.append(f"vllm serve {s.target_model}: the linted speculators draft, which turns EAGLE-3 on by itself")
+
+
 def _target(req: LintRequest, ctx: Context, notes: list[str]) -> TargetInfo | None:
     if req.target:
-        swapped_target(Path(req.target), req.target)
-        return read_target(Path(req.target))
+        tp = builtin(req.target, "--target") or Path(req.target)
+        refuse_dump(tp, "--target")
+        swapped_target(tp, req.target)
+        return read_target(tp)
     for label, p in (("the command line's model path", ctx.serve.target_model if ctx.serve else None),
                      ("the speculators verifier", ctx.draft.verifier if ctx.draft else None)):
         if p and (Path(p) / "config.json").is_file():
@@ -229,6 +245,11 @@ def run_lint(req: LintRequest) -> R.LintReport:
             runtime=req.runtime, trained_with=req.trained_with),
         training_streams=list(tr) if tr is not None else None,
         training_source=ctx.training.source if ctx.training else None,
+        training_checked=bool(ctx.training and ctx.training.explicit and not ctx.training.ambiguous),
+        training_readings=[R.TrainingReading(label=r.label, streams=r.streams,
+                                             matches_serving=(r.streams == sv) if sv is not None else None)
+                           for r in (ctx.training.readings if ctx.training and aux else [])],
+        training_evidence=ctx.training.evidence if ctx.training else None,
         serving_streams=list(sv) if sv is not None else None, serving=_serving(ctx) if aux else None,
         slots=_slots(ctx) if aux else [],
         findings=findings, rules=results, counts=counts, assumptions=b.assumptions)
@@ -246,9 +267,16 @@ def _summary(verdict: str, counts: dict[str, int], tr: list[int] | None, sv: lis
         parts.append(f"{LABEL[ctx.kind]} draft ({(ctx.draft_kind if ctx.draft_kind.kind else ctx.requested).how})")
     if sv is not None:
         parts.append(f"{ctx.runtime_label} feeds streams {sv}")
-    if tr is not None:
-        explicit = ctx.training is not None and ctx.training.explicit
-        parts.append(f"training used {tr}" if explicit else f"the draft config implies {tr}")
+    t = ctx.training
+    if t is not None and t.ambiguous and ctx.kind not in LAST_HIDDEN:
+        parts.append("the training streams depend on what trained the draft: " + "; ".join(
+            f"{r.label}: {r.streams}" + ("" if sv is None else " (equal)" if r.streams == sv else " (differs)")
+            for r in t.readings))
+    elif tr is not None:
+        parts.append(f"training used {tr}" if t is not None and t.explicit else f"the draft config implies {tr}")
+    if t is not None and not t.explicit and ctx.kind not in LAST_HIDDEN and (tr is not None or t.ambiguous):
+        parts.append("what training really fed the draft was not checked: pass --trained-with (a training dump, "
+                     "a contract, or FRAMEWORK@VERSION:IDS), or compare a training dump with `consistency compare`")
     return "; ".join(parts)
 
 
@@ -272,7 +300,7 @@ def _slots(ctx: Context) -> list[R.SlotRow]:
         s = sv[i] if i < len(sv) else None
         rows.append(R.SlotRow(slot=i, training_stream=t, serving_stream=s,
                               serving_id=p.slot_ids[i] if p and i < len(p.slot_ids) else None,
-                              training_meaning=cv.describe_streams([t], ctx.n)[0] if t is not None else None,
-                              serving_meaning=cv.describe_streams([s], ctx.n)[0] if s is not None else None,
+                              training_meaning=resolve.describe_streams([t], ctx.n)[0] if t is not None else None,
+                              serving_meaning=resolve.describe_streams([s], ctx.n)[0] if s is not None else None,
                               match=(t == s) if tr and sv else None))
     return rows

@@ -19,6 +19,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from consistency.contract import consumers as C
+from consistency.contract import sglang_drafts as SD
+from consistency.contract.runtime_model import sglang_draft_class
+from consistency.contract.sglang_drafts import MTP_ALGORITHMS
 from consistency.contract.models import Consumer
 from consistency.lint.configs import TargetInfo, dig, int_at
 from consistency.lint.draft import DraftInfo
@@ -50,14 +53,17 @@ class Kind:
 
     kind: Consumer | None
     how: str
+    undecided: bool = False  # True: the inputs cannot tell which kind runs (not "none runs")
 
 
-def requested(serve: ServeInfo | None, target: TargetInfo | None = None) -> Kind:
+def requested(serve: ServeInfo | None, target: TargetInfo | None = None, version: tuple[int, ...] | None = None,
+              draft: DraftInfo | None = None) -> Kind:
     """What the command line runs (None: no command line, or speculative decoding off).
 
-    SGLang serves NextN for ``EAGLE`` too when the target is ``DeepseekV3ForCausalLM`` and no
-    draft path is given: server_args.py sets the draft path to the model path ("Auto set
-    draft_model_path DeepSeek-V3/R1"), after rewriting NEXTN to EAGLE."""
+    SGLang's ``EAGLE`` and ``NEXTN`` are one algorithm; the draft it loads is the draft path,
+    or the target's own checkpoint when none is given, with its architecture rewritten to an
+    MTP class where the release's table says so (contract/sglang_drafts.py): GLM-4.6 becomes
+    Glm4MoeForCausalLMNextN, MiMo MiMoMTP, whichever of the two flags was typed."""
     if serve is None:
         return Kind(None, "no serving command line")
     algo = serve.algorithm
@@ -65,16 +71,42 @@ def requested(serve: ServeInfo | None, target: TargetInfo | None = None) -> Kind
         return Kind(None, "the command line selects no speculative method")
     if serve.runtime == "sglang":
         k = _SGLANG.get(algo.upper())
-        if k is Consumer.eagle1 and serve.draft_model and serve.draft_model == serve.target_model:
-            return Kind(Consumer.mtp, f"--speculative-algorithm {algo} with the target as its own draft (NextN)")
-        if k is Consumer.eagle1 and not serve.draft_model and target is not None \
-                and "DeepseekV3ForCausalLM" in target.architectures:
-            return Kind(Consumer.mtp, f"--speculative-algorithm {algo} without a draft path on DeepseekV3ForCausalLM "
-                                      "(SGLang drafts with the target's NextN layers)")
+        if algo.upper() in MTP_ALGORITHMS:
+            return _sglang_eagle(serve, target, version, draft)
         return Kind(k, f"--speculative-algorithm {algo}")
     m = algo.lower()
     k = Consumer.mtp if m in VLLM_MTP_METHODS else _VLLM.get(m)
     return Kind(k, f"vLLM method {m!r}")
+
+
+def _sglang_eagle(serve: ServeInfo, target: TargetInfo | None, version: tuple[int, ...] | None,
+                  draft: DraftInfo | None) -> Kind:
+    """``--speculative-algorithm EAGLE``/``NEXTN``: the class SGLang loads decides the kind."""
+    flag = f"--speculative-algorithm {serve.algorithm}"
+    own = not serve.draft_model or serve.draft_model == serve.target_model
+    if own:
+        arch, whose = (target.architecture if target else None), "the target's own checkpoint"
+    elif draft is not None and draft.architectures:
+        arch, whose = draft.architectures[0], f"the draft {serve.draft_model}"
+    else:
+        return Kind(Consumer.eagle1, f"{flag} with the draft {serve.draft_model} (its architecture unknown: read as "
+                                     "an EAGLE-1/2 draft)")
+    if arch is None:
+        return Kind(None, f"{flag} with {whose}, whose architecture is unknown (--target): MTP or EAGLE-1 cannot be "
+                          "told apart", True)
+    dc = sglang_draft_class(arch, version)
+    at = f"sglang {'.'.join(map(str, version))}" if version else "the newest sglang (version not pinned)"
+    if not dc.known:
+        return Kind(None, f"{flag} with {whose} ({arch}): {dc.source}", True)
+    if dc.served is not None:
+        return Kind(Consumer.mtp, f"{flag} with {whose}: {at} loads {arch} as {dc.served} ({SD.SOURCE})")
+    if own:
+        return Kind(None, f"{flag} without a draft path: {at} would load the target checkpoint ({arch}) itself as "
+                          f"the draft, and has no MTP class for it ({SD.SOURCE})")
+    if arch in EAGLE1_ARCHS or "eagle" in arch.lower():
+        return Kind(Consumer.eagle1, f"{flag} with the EAGLE draft {serve.draft_model} ({arch})")
+    return Kind(None, f"{flag} with the draft {serve.draft_model} ({arch}): {at} has no MTP class for it and it is "
+                      "not an EAGLE draft")
 
 
 def draft_kind(d: DraftInfo | None) -> Kind:

@@ -12,7 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from consistency.contract import conventions as cv
-from consistency.contract.runtime_model import range_label, served_streams, version_points
+from consistency.contract.resolve import streams_of
+from consistency.contract.runtime_model import (capture_limit, id_source, range_label, served_streams, version_points,
+                                                vllm_runner)
+from consistency.contract.versions import vtext
 from consistency.lint.draft import DraftInfo
 from consistency.lint.serve import ServeInfo
 
@@ -39,6 +42,7 @@ class StreamPlan:
     capture_disabled: bool = False
     limit: cv.CaptureLimit | None = None
     assumptions: list[str] = field(default_factory=list)
+    arch: str | None = None  # the target architecture the convention was resolved for
 
     @property
     def default_used(self) -> bool:
@@ -64,16 +68,16 @@ def arch_key(keys: list[str]) -> str | None:
     return keys[0] if keys else None
 
 
-def vtext(v: tuple[int, ...] | None) -> str:
-    return ".".join(str(x) for x in v) if v else ""
+def spec_of(plan: StreamPlan) -> str:
+    return f"{plan.runtime}@{vtext(plan.version)}" if plan.version else plan.runtime
 
 
 def serving_plan(runtime: str, version: tuple[int, ...] | None, draft: DraftInfo | None, n: int | None,
                  arch: str | None, is_moe: bool | None, serve: ServeInfo | None,
                  label: str | None = None) -> StreamPlan:
     spec = f"{runtime}@{vtext(version)}" if version else runtime
-    res = cv.resolve(spec, arch)
-    plan = StreamPlan(runtime, version, label or spec, res.convention)
+    res = streams_of(None, spec, None, arch)  # the convention (and what was assumed); streams come in _finish
+    plan = StreamPlan(runtime, version, label or spec, res.convention, arch=arch)
     if res.assumed:
         plan.assumptions.append(res.assumed)
     if runtime == "vllm":
@@ -83,8 +87,8 @@ def serving_plan(runtime: str, version: tuple[int, ...] | None, draft: DraftInfo
             v1_only = "parallel drafting"
         elif serve and (serve.pp or 1) > 1:
             v1_only = "EAGLE3 with pipeline parallelism"
-        plan.runner, plan.runner_why = cv.vllm_runner(version, arch, is_moe, env, v1_only)
-    src = cv.id_source(runtime, version, plan.runner)
+        plan.runner, plan.runner_why = vllm_runner(version, arch, is_moe, env, v1_only)
+    src = id_source(runtime, version, plan.runner)
     if src is None or draft is None or not draft.config:
         plan.source = src.source if src else ""
         return _finish(plan, None, n)
@@ -96,7 +100,7 @@ def serving_plan(runtime: str, version: tuple[int, ...] | None, draft: DraftInfo
             break
     plan.ignored = {k: v for k in ID_KEYS if k != plan.key and (v := draft.ids(k))}
     plan.capture_disabled = draft.use_aux_hidden_state is False
-    plan.limit = cv.capture_limit(runtime, version, arch)
+    plan.limit = capture_limit(runtime, version, arch)
     _finish(plan, plan.native_ids, n)
     if plan.capture_disabled:
         plan.streams, plan.slot_ids = [], []
@@ -120,7 +124,7 @@ def _finish(plan: StreamPlan, ids: list[int] | None, n: int | None) -> StreamPla
         plan.assumptions.append("the target's layer count is unknown (pass --target): the default ids cannot be "
                                 "turned into streams")
         return plan
-    raw = conv.to_streams(ids, n)
+    raw = streams_of(ids, spec_of(plan), n, plan.arch).streams or []
     plan.config_order = raw
     order = sorted(set(raw)) if conv.sorts else list(raw)
     plan.streams = order

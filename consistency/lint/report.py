@@ -81,6 +81,14 @@ class Inputs(BaseModel):
     trained_with: str | None = None
 
 
+class TrainingReading(BaseModel):
+    """One plausible meaning of the training side's ids (SpecForge by the SGLang it captured with)."""
+
+    label: str
+    streams: list[int] | None = None
+    matches_serving: bool | None = Field(None, description="null: the serving streams are unknown")
+
+
 class LintReport(ReportHeader):
     kind: Literal["lint"] = "lint"
     verdict: Literal["pass", "fail", "not_evaluated"] = Field(  # type: ignore[assignment]
@@ -88,6 +96,12 @@ class LintReport(ReportHeader):
     inputs: Inputs
     training_streams: list[int | None] | None = None
     training_source: str | None = None
+    training_checked: bool = Field(False, description="true: the training streams come from --trained-with (a dump, "
+                                   "a contract or FRAMEWORK:IDS); false: only assumed from the draft config, so the "
+                                   "train/serve contract itself was not checked")
+    training_readings: list[TrainingReading] = Field(default_factory=list, description="more than one: the training "
+                                                     "streams depend on a version lint cannot see")
+    training_evidence: str | None = None
     serving_streams: list[int | None] | None = None
     serving: ServingSide | None = None
     slots: list[SlotRow] = Field(default_factory=list)

@@ -244,7 +244,13 @@ def _speculators_model(info: ServeInfo) -> None:
     model = info.target_model
     if not model or not (Path(model) / "config.json").is_file():
         return
-    cfg = read_json(Path(model) / "config.json", "model config")
+    adopt_speculators(info, read_json(Path(model) / "config.json", "model config"), model)
+
+
+def adopt_speculators(info: ServeInfo, cfg: dict[str, Any], model: str, note: str = "") -> None:
+    """Serve ``model`` (whose config is ``cfg``) as vLLM does when it is a speculators draft."""
+    from consistency.lint.configs import dig
+
     if not isinstance(cfg.get("speculators_config"), dict):
         return
     verifier = dig(cfg, "speculators_config.verifier.name_or_path")
@@ -263,7 +269,7 @@ def _speculators_model(info: ServeInfo) -> None:
     info.speculators_model = True
     info.target_model, info.draft_model, info.spec_config = verifier, model, spec
     info.method_note = ("vLLM builds the speculative config from the speculators draft given as the model "
-                        "(maybe_override_with_speculators) and serves its verifier as the target")
+                        "(maybe_override_with_speculators) and serves its verifier as the target" + note)
 
 
 def _scalar(v: str) -> Any:

@@ -48,3 +48,68 @@ def swapped_draft(d: DraftInfo, given: str) -> None:
         arch = next(iter(d.architectures), "a model")
         raise UsageError(f"--draft {given} looks like a target model ({arch}, {layers} decoder layers, no eagle_config "
                          f"and no fc weight), not an EAGLE-3 draft (one layer plus fc): {_HINT}")
+
+
+def dump_kind(path: Path) -> str | None:
+    """What ``path`` is when it is recorded tensors rather than a model: our dump (.safetensors
+    with dump metadata, .npz), a rank-set directory, or a speculators/SpecForge training file.
+    Only headers are read (the same sniffers ``compare`` uses); None for anything else."""
+    from consistency.dump import formats
+    from consistency.dump.reader import META_KEY
+    from consistency.dump.safetensors_io import read_header
+    from consistency.errors import InputError
+
+    if path.is_dir():
+        if (path / "config.json").exists():
+            return None
+        inner = sorted(p for p in path.iterdir() if p.suffix in (".safetensors", ".npz"))[:4]
+        kinds = [k for p in inner if (k := dump_kind(p))]
+        return f"a directory of recorded tensors ({kinds[0]}: {inner[0].name})" if kinds else None
+    if not path.is_file():
+        return None
+    try:
+        head = formats.checked_head(path)
+    except InputError:
+        return None
+    if head is None:
+        return None
+    for make in formats.REGISTRY:
+        fmt = make()
+        if fmt.sniff(path, head):
+            return f"{fmt.name} training data ({fmt.description.split(':')[0]})"
+    kind = formats.content_kind(head)
+    if kind == "zip" and path.suffix == ".npz":
+        return "a consistency dump (.npz of recorded tensors)"
+    if kind == "safetensors":
+        try:
+            meta = read_header(path).metadata
+        except InputError:
+            return None
+        if META_KEY in meta:
+            return "a consistency dump (recorded hidden states)"
+    return None
+
+
+def refuse_dump(path: Path, flag: str) -> None:
+    """A dump given where a model belongs: exit 2 naming what the file is and where it goes."""
+    from consistency.errors import InputError
+
+    what = dump_kind(path)
+    if what:
+        want = "an EAGLE-3 draft (directory, config.json or checkpoint)" if flag == "--draft" else \
+            "a target model config (directory or config.json)"
+        raise InputError(path, f"{flag} is {what}, not {want}: give it to `consistency compare`, or to lint "
+                               "--trained-with as the training side")
+
+
+BUILTIN_TARGETS = Path(__file__).resolve().parents[1] / "record" / "configs"  # package data, read as files
+BUILTIN_DRAFTS = Path(__file__).resolve().parents[1] / "replay" / "assets"
+
+
+def builtin(spec: str, flag: str) -> Path | None:
+    """A built-in model name (``tiny-llama``) for --target, or draft name (``tiny-llama-eagle3``) for
+    --draft, as ``replay`` and ``gate`` accept them; None when ``spec`` is a path or no such name."""
+    if Path(spec).exists() or "/" in spec or spec.startswith("."):
+        return None
+    p = BUILTIN_TARGETS / f"{spec}.json" if flag == "--target" else BUILTIN_DRAFTS / spec
+    return p if p.exists() and p.name not in ("__init__.py", "__pycache__") else None

@@ -7,13 +7,14 @@ Everything ends as stream indices, slot by slot, the one unit every rule compare
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from consistency.contract import conventions
-from consistency.contract.models import ModelInfo
 from consistency.contract.ids import parse_ids as _parse_ids
-from consistency.errors import InputError, UsageError
+from consistency.contract.models import ModelInfo
+from consistency.contract.resolve import Reading, check_spec, check_streams, specforge_readings, streams_of
+from consistency.errors import InputError
 from consistency.lint.draft import DraftInfo
 
 _FRAMEWORK = re.compile(r"^(?P<name>[A-Za-z][\w.-]*(?:@[\w.+-]+)?):(?P<ids>.*)$")
@@ -30,16 +31,25 @@ class TrainingInfo:
     native_ids: list[int] | None = None
     model: ModelInfo | None = None  # what a dump or a contract says about the target
     assumed: str | None = None  # which reading of a version-dependent convention was assumed
+    readings: list[Reading] = field(default_factory=list)  # >1: the streams depend on what trained it
+    evidence: str | None = None  # what in the draft narrowed the readings (or why nothing did)
+
+    @property
+    def ambiguous(self) -> bool:
+        return len(self.readings) > 1
 
 
 def parse_ids(text: str) -> list[int] | None:
     return _parse_ids(text, "--trained-with", "ids")
 
 
-def parse_trained_with(spec: str, num_layers: int | None, architecture: str | None = None) -> TrainingInfo:
+def parse_trained_with(spec: str, num_layers: int | None, architecture: str | None = None,
+                       stamp: str | None = None) -> TrainingInfo:
     """A file (our dump, a speculators/SpecForge training file, a contract .json/.yaml) or
     FRAMEWORK[@VER]:IDS, read for the target's ``architecture`` where the framework's
-    reading depends on the model file (SpecForge through SGLang, docs/conventions.md)."""
+    reading depends on the model file (SpecForge through SGLang, docs/conventions.md).
+    An unpinned ``specforge`` keeps one reading per capture backend (narrowed by the
+    draft's transformers ``stamp``); ids outside the target's streams are a usage error."""
     p = Path(spec)
     if p.exists():
         return _from_file(p)
@@ -47,19 +57,32 @@ def parse_trained_with(spec: str, num_layers: int | None, architecture: str | No
     if not m:
         raise InputError(spec, "--trained-with: no such file, and not FRAMEWORK:IDS (e.g. specforge:1,29,57)")
     name, ids = m.group("name"), parse_ids(m.group("ids"))
-    try:
-        res = conventions.resolve(name, architecture)
-    except (KeyError, ValueError) as exc:
-        raise UsageError(f"--trained-with: {str(exc).strip(chr(39))}") from None
-    streams = _streams(res.convention, ids, num_layers)
-    return TrainingInfo(streams, f"--trained-with {spec} ({res.convention.meaning})", True, name, ids,
+    res = check_spec(name, "--trained-with", architecture)
+    streams = streams_of(ids, name, num_layers, architecture).streams
+    if ids is not None and streams is not None:
+        check_streams(ids, streams, num_layers, what=f"--trained-with {spec}:", spec=name)
+    info = TrainingInfo(streams, f"--trained-with {spec} ({res.convention.meaning})", True, name, ids,
                         assumed=res.assumed)
+    if name.strip().lower() == "specforge":
+        _specforge(info, ids, num_layers, architecture, stamp)
+    return info
 
 
-def _streams(conv: conventions.Convention, ids: list[int] | None, n: int | None) -> list[int] | None:
-    if ids is None and n is None:
-        return None
-    return conv.to_streams(ids, n)
+def _specforge(info: TrainingInfo, ids: list[int] | None, n: int | None, arch: str | None, stamp: str | None) -> None:
+    """Replace the one assumed SpecForge reading by every reading the draft leaves open."""
+    readings, why = specforge_readings(ids, n, arch, stamp)
+    info.readings, info.evidence = readings, why
+    if len(readings) == 1:
+        info.streams = readings[0].streams
+        info.assumed = f"read as {readings[0].label}" + (f", chosen by {why}" if why else "")
+        info.source += f"; {info.assumed}"
+    else:
+        info.assumed = None
+        info.streams = readings[-1].streams  # the slot count is the same under every reading
+        head = info.source.split(" (", 1)[0] if info.explicit else "assumed from the draft config"
+        info.source = (f"{head}: SpecForge ids mean what the SGLang that produced the training data makes of them, "
+                       "and nothing here says which: " + "; ".join(f"{r.label}: {r.streams}" for r in readings)
+                       + (f" ({why})" if why else ""))
 
 
 CONTRACT_SUFFIXES = (".json", ".yaml", ".yml")
@@ -97,10 +120,13 @@ def from_draft(draft: DraftInfo, num_layers: int | None, architecture: str | Non
         return None
     key = _ID_KEY[framework]
     ids = draft.ids(key)
-    res = conventions.resolve(framework, architecture)
+    res = streams_of(ids, framework, num_layers, architecture)
     conv = res.convention
-    streams = _streams(conv, ids, num_layers)
     what = f"{key} = {ids}" if ids is not None else f"no {key}, so {framework}'s default"
-    return TrainingInfo(streams, f"assumed from the draft config ({what}, read as {framework} writes it: "
+    info = TrainingInfo(res.streams, f"assumed from the draft config ({what}, read as {framework} writes it: "
                         f"{conv.meaning}); pass --trained-with to state what training used", False, framework, ids,
                         assumed=res.assumed if ids is not None else None)
+    if framework == "specforge":
+        stamp = draft.config.get("transformers_version")
+        _specforge(info, ids, num_layers, architecture, stamp if isinstance(stamp, str) else None)
+    return info

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from consistency.contract import conventions
+from consistency.contract.resolve import check_spec, streams_of
 from consistency.contract.models import DumpMetadata, NormState, Residual, RuntimeInfo
 from consistency.dump import names
 from consistency.errors import UsageError
@@ -31,12 +31,10 @@ def num_layers(model: Any) -> int:
 def resolve_streams(model: Any, ids: Sequence[int] | None, convention: str) -> tuple[list[int], str | None]:
     """Stream indices of ``ids`` under ``convention`` (runtime@version), plus any assumption made."""
     arch = model_info(model.config).architecture
-    try:
-        res = conventions.resolve(convention, arch)
-    except (KeyError, ValueError) as exc:
-        raise UsageError(str(exc).strip("'\"")) from None
+    check_spec(convention, "--convention", arch)
     n = num_layers(model)
-    streams = res.convention.to_streams(list(ids) if ids is not None else None, n)
+    res = streams_of(ids, convention, n, arch)
+    streams = res.streams or []
     bad = [s for s in streams if not 0 <= s <= n]
     if bad:
         raise UsageError(f"ids {list(ids or [])} under {convention} give streams {streams}; valid streams are 0..{n}")

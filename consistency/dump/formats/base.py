@@ -110,35 +110,31 @@ class Claims:
 
 
 def resolve_claims(path: Path, ids: Sequence[int] | None, convention: str | None, default: str,
-                   sorted_slots: bool, num_layers: int | None = None) -> Claims:
-    """Map ``ids`` (as the producing tool spells them) to stream indices.
+                   sorted_slots: bool, num_layers: int | None = None, slots: int | None = None) -> Claims:
+    """Map ``ids`` (as the producing tool spells them) to stream indices, through the one
+    shared resolver (contract/resolve.py): an unknown convention, an id outside 0..N or a
+    count that differs from the file's ``slots`` is a usage error naming what is valid.
 
     ``sorted_slots``: the producer fills slots in layer-loop order (vLLM sorts its ids,
     SGLang walks its layers), so the file's slot order is ascending whatever order the
     ids were written in.
     """
-    if ids is None:
-        if convention:
-            return Claims(notes=[f"--convention {convention} ignored: no --layer-ids given"])
-        return Claims()
-    from consistency.contract import conventions  # here: a plain compare never loads the conventions table
+    from consistency.contract.resolve import check_spec, check_streams, depends_on_n, streams_of
 
     spec = convention or default
-    try:
-        res = conventions.resolve(spec)
-    except (KeyError, ValueError) as exc:
-        raise UsageError(f"--convention: {str(exc).strip(chr(39) + chr(34))}") from None
-    conv = res.convention
+    if ids is None:
+        if convention:
+            check_spec(convention)
+            return Claims(notes=[f"--convention {convention} ignored: no --layer-ids given"])
+        return Claims()
+    res = check_spec(spec)
     native = list(ids)
-    if num_layers is None and conv.to_streams(native, 0) != conv.to_streams(native, 1 << 20):
+    if num_layers is None and depends_on_n(spec, native):
         raise UsageError(f"--convention {spec}: its ids depend on the number of layers, which {path.name} does "
                          f"not record; use a convention that does not (e.g. stream)")
-    streams = conv.to_streams(native, num_layers or 0)
+    streams = streams_of(native, spec, num_layers or 0).streams or []
     notes = [res.assumed] if res.assumed else []
-    if any(s < 0 for s in streams):
-        raise UsageError(f"--layer-ids {native} under {spec} give negative streams {streams}")
-    if len(set(streams)) != len(streams):
-        raise UsageError(f"--layer-ids {native} under {spec} name the same stream twice ({streams})")
+    check_streams(native, streams, num_layers, slots, spec=spec)
     if sorted_slots and streams != sorted(streams):
         notes.append(f"ids {native} reordered: the producer fills slots in layer order, so the slots hold "
                      f"streams {sorted(streams)}")

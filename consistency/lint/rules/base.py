@@ -55,7 +55,7 @@ def rule(code: str, name: str, severity: Severity, title: str, source: str, fix:
 
 def fmt_streams(streams: list[int] | None, n: int | None) -> str:
     """'[3, 31, 59] (layer 2's output, layer 30's output, layer 58's output)'."""
-    from consistency.contract.conventions import describe_streams
+    from consistency.contract.resolve import describe_streams
 
     if streams is None:
         return "unknown"

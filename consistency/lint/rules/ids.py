@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from consistency.contract import conventions as cv
+from consistency.contract.resolve import streams_of
+from consistency.contract.runtime_model import id_source
 from consistency.lint.context import Context, NotEvaluated
 from consistency.lint.plan import ID_KEYS
 from consistency.lint.rules.base import E, W, Hit, fmt_streams, rule
@@ -21,7 +23,7 @@ def default_fallback(ctx: Context) -> Iterator[Hit]:
     plan, d = ctx.need_plan(), ctx.need_config()
     if not plan.default_used:
         return
-    src = cv.id_source(plan.runtime, plan.version, plan.runner)
+    src = id_source(plan.runtime, plan.version, plan.runner)
     where = " or ".join(src.keys) if src else "its id key"
     why = (f"ids are present only under {', '.join(f'{k} = {v}' for k, v in plan.ignored.items())}, which "
            f"{plan.label} does not read ({plan.source})") if plan.ignored else "the draft config has no aux layer ids"
@@ -41,6 +43,9 @@ def stream_mismatch(ctx: Context) -> Iterator[Hit]:
     if plan.streams is None or tr.streams is None:
         raise NotEvaluated("serving or training streams unknown (the default ids need the target's layer count: "
                            "--target)")
+    if tr.ambiguous:
+        yield from _readings_mismatch(ctx, plan.streams)
+        return
     if plan.streams == tr.streams:
         return
     n = ctx.n
@@ -55,10 +60,27 @@ def stream_mismatch(ctx: Context) -> Iterator[Hit]:
               fix=_fix(ctx, tr.streams), evidence={"serving": plan.streams, "training": tr.streams})
 
 
+def _readings_mismatch(ctx: Context, served: list[int]) -> Iterator[Hit]:
+    """The training streams depend on a version lint cannot see: an error as soon as one
+    plausible reading differs from what the server feeds, every reading listed."""
+    tr, plan = ctx.training, ctx.plan
+    assert tr is not None and plan is not None
+    bad = [r for r in tr.readings if r.streams != served]
+    if not bad:
+        return
+    said = "; ".join(f"{r.label}: {fmt_streams(r.streams, ctx.n)} — "
+                     + ("equal" if r.streams == served else "differs from what the server feeds") for r in tr.readings)
+    yield Hit(f"{plan.label} feeds streams {fmt_streams(served, ctx.n)}; what training used depends on which "
+              f"SpecForge trained the draft, which nothing here says: {said}"
+              + (f" ({tr.evidence})" if tr.evidence else ""), key=plan.key, fix=_fix(ctx, bad[0].streams or [])
+              + "; or pass --trained-with specforge@sglang-VER:IDS (the SGLang your training ran) to settle it",
+              evidence={"serving": served, "readings": {r.label: r.streams for r in tr.readings}})
+
+
 def _fix(ctx: Context, streams: list[int]) -> str:
     plan = ctx.plan
     assert plan is not None
-    src = cv.id_source(plan.runtime, plan.version, plan.runner)
+    src = id_source(plan.runtime, plan.version, plan.runner)
     key = src.keys[0] if src else cv.TOP_IDS
     ids = plan.convention.from_streams(sorted(streams), ctx.n)
     blocked = _uncapturable(ctx, streams)
@@ -144,9 +166,8 @@ def conflict(ctx: Context) -> Iterator[Hit]:
     top, nested = d.ids(cv.TOP_IDS), d.ids(cv.NESTED_IDS)
     if not top or not nested:
         return
-    sg = cv.resolve(f"sglang@{'.'.join(map(str, ctx.version))}" if ctx.runtime == "sglang" and ctx.version
-                    else "sglang", ctx.arch).convention
-    s_top, s_nested = sorted(set(top)), sorted(set(sg.to_streams(nested, ctx.n or 0)))
+    spec = f"sglang@{'.'.join(map(str, ctx.version))}" if ctx.runtime == "sglang" and ctx.version else "sglang"
+    s_top, s_nested = sorted(set(top)), sorted(set(streams_of(nested, spec, ctx.n or 0, ctx.arch).streams or []))
     if s_top != s_nested:
         yield Hit(f"top-level ids {top} (vLLM: streams {s_top}) and eagle_config ids {nested} (SGLang: streams "
                   f"{s_nested}) disagree: the same draft is fed different streams on each runtime", key=cv.TOP_IDS)
@@ -204,10 +225,11 @@ def config_vs_training(ctx: Context) -> Iterator[Hit]:
     if own is None or own.streams is None or tr.streams is None:
         raise NotEvaluated("the draft config's format has no training convention, or the layer count is unknown")
     readings = {f"{own.convention} convention": own.streams}
+    readings.update({r.label: r.streams for r in own.readings if r.streams is not None})
     if d.format in ("sglang", "modelopt") and ctx.n is not None:
         # an SGLang-layout config may be written for SGLang's own (version-dependent) reading instead
         spec = f"sglang@{'.'.join(map(str, ctx.version))}" if ctx.runtime == "sglang" and ctx.version else "sglang"
-        readings[f"{spec} reading"] = cv.resolve(spec, ctx.arch).convention.to_streams(own.native_ids, ctx.n)
+        readings[f"{spec} reading"] = streams_of(own.native_ids, spec, ctx.n, ctx.arch).streams or []
     if all(sorted(s) != sorted(tr.streams) for s in readings.values()):
         uniq: dict[str, list[str]] = {}
         for k, v in readings.items():
@@ -217,5 +239,27 @@ def config_vs_training(ctx: Context) -> Iterator[Hit]:
                   f"({tr.source})", key=cv.TOP_IDS if own.convention == "speculators" else cv.NESTED_IDS)
 
 
+@rule("IDS011", "ids-training-version-dependent", W, "the streams training used depend on a version the draft does "
+      "not record (SpecForge ids mean what its SGLang made of them)",
+      "SpecForge pyproject.toml (sglang pins 0.5.6, 0.5.9, 0.5.14); sglang PR #25454 (0.5.13: DeepSeek/Kimi ids "
+      "used as they are unless the first is 1); sglang wheels' METADATA (transformers pin per release)",
+      "pass --trained-with specforge@sglang-VER:IDS with the SGLang release your training ran, or record a training "
+      "dump and pass it")
+def training_version_dependent(ctx: Context) -> Iterator[Hit]:
+    tr = ctx.need_training()
+    if not tr.ambiguous:
+        if tr.explicit and tr.convention != "specforge":
+            raise NotEvaluated(f"the training streams are given explicitly ({tr.source})")
+        ctx.need_config()
+        return
+    served = ctx.plan.streams if ctx.plan is not None else None
+    parts = "; ".join(f"{r.label}: {fmt_streams(r.streams, ctx.n)}" + (
+        "" if served is None else " (equal to what the server feeds)" if r.streams == served else " (differs)")
+        for r in tr.readings)
+    yield Hit(f"the draft's ids mean different streams depending on the SGLang release SpecForge captured with: "
+              f"{parts}" + (f"; {tr.evidence}" if tr.evidence else "; nothing in the draft narrows it"),
+              key=cv.NESTED_IDS, evidence={r.label: r.streams for r in tr.readings})
+
+
 RULES = (default_fallback, stream_mismatch, out_of_range, duplicate, unsorted, conflict, version_dependent,
-         foreign_spelling, capture_disabled, config_vs_training)
+         foreign_spelling, capture_disabled, config_vs_training, training_version_dependent)

@@ -28,6 +28,8 @@ def _mtp_served(ctx: Context) -> bool:
     """True when the command line runs an MTP draft; NotEvaluated without a command line."""
     if ctx.serve is None:
         raise NotEvaluated("no serving command line (--serve \"COMMAND\"): cannot tell whether MTP is served")
+    if ctx.requested.undecided:
+        raise NotEvaluated(f"cannot tell whether MTP is served: {ctx.requested.how}")
     return ctx.requested.kind is Consumer.mtp
 
 
@@ -86,8 +88,13 @@ def trained_prenorm(ctx: Context) -> Iterator[Hit]:
         rows = [row] if row is not None else []
         label = ctx.runtime_label
     else:
-        rows = [r for r in C.rows(Consumer.mtp) if r.side == "serving"]
+        rows = [r for r in C.rows(Consumer.mtp) if r.side == "serving" and r.covers(None, fam)]
         label = "every runtime in the consumer table"
+    if not rows:  # an unknown family is "not evaluated", never a silent pass
+        where = ctx.runtime_label if ctx.runtime is not None else "any runtime"
+        raise NotEvaluated(f"the consumer table (contract/consumers.py) has no MTP serving row for {where} on a "
+                           f"{fam or 'target of unknown family'} target: which norm state the server feeds the MTP "
+                           "head is not known here (measure it with `consistency compare`)")
     served = {r.step0_norm for r in rows}
     if train.step0_norm is NormState.none and NormState.final_norm in served:
         yield Hit(f"speculators MTP trains on verifier_last_hidden_states = the layer-N capture, s=N before the "

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from consistency.contract.versions import VersionRange
 from consistency.lint.configs import bool_at
 from consistency.lint.context import Context
 from consistency.lint.rules.base import E, W, Hit, rule
@@ -30,9 +31,7 @@ READS: dict[str, dict[str, list[tuple[tuple[int, ...] | None, tuple[int, ...] | 
 def reads(flag: str, runtime: str, version: tuple[int, ...] | None) -> tuple[str, ...]:
     """Keys ``runtime`` reads ``flag`` from at ``version`` (None: the newest release)."""
     for lo, hi, keys in READS[flag].get(runtime, []):
-        ok_lo = lo is None or version is None or version >= lo
-        ok_hi = hi is None if version is None else (hi is None or version < hi)
-        if ok_lo and ok_hi:
+        if VersionRange(lo, hi).covers(version):
             return keys
     return ()
 
@@ -120,11 +119,21 @@ def _norm_flag(ctx: Context, flag: str, names: tuple[str, ...], prefixes: tuple[
         yield Hit(f"{label} does not rename {odd[0]} to fc_norm.*: those weights are not loaded", key=set_at)
 
 
+_FIX_TRUE = ("if a SpecForge from before PR #879 (SpecForge 0.2.0 included) trained it, norm_output=true meant "
+             "EAGLE-3 there: set norm_output to false so the server feeds back the pre-norm state it trained on; if a "
+             "later SpecForge or another trainer wrote it, it is EAGLE-3.1 and right as it is")
+_FIX_FALSE = ("if a SpecForge from before PR #879 (SpecForge 0.2.0 included) trained it, norm_output=false trained "
+              "lm_head on the un-normed state, which no server reproduces: retrain with a SpecForge that has #879 (or "
+              "with the key absent, SpecForge's old default); if a later SpecForge or another trainer wrote it, it is "
+              "plain EAGLE-3 and right as it is")
+
+
 @rule("NRM004", "norm-output", W, "norm_output meant something else in SpecForge before PR #879, or is nested",
-      "SpecForge PR #879 (norm_output inverted between Eagle3 and Eagle3.1; default was True); sglang and vllm "
-      "llama_eagle3.py read top-level norm_output (default False: next step gets the pre-norm state)",
-      "for a SpecForge draft trained before PR #879: drop norm_output=true (it trained EAGLE-3 behaviour) and "
-      "retrain or re-export a norm_output=false draft; keep the key at the top level")
+      "SpecForge PR #879 (merged 2026-09-15: before it norm_output=true trained EAGLE-3 and false normed nothing; "
+      "default True, specforge-0.2.0 modeling/draft/llama3_eagle.py); sglang and vllm llama_eagle3.py read "
+      "top-level norm_output (default False: next step gets the pre-norm state)",
+      "keep norm_output at the top level; for a SpecForge export, check which SpecForge trained it (the finding's "
+      "fix says what each value needs)")
 def norm_output(ctx: Context) -> Iterator[Hit]:
     d = ctx.need_config()
     value, where = d.flag("norm_output")
@@ -134,10 +143,15 @@ def norm_output(ctx: Context) -> Iterator[Hit]:
         yield Hit(f"{where} is nested; SGLang and vLLM read only the top-level norm_output, so the server uses "
                   "false (EAGLE-3)", E, key=where)
     elif d.format == "sglang":
-        before = "EAGLE-3 (normed lm_head input, pre-norm state fed back)" if value else "no norm at all"
-        after = "EAGLE-3.1 (post-norm state fed back)" if value else "EAGLE-3 (pre-norm state fed back)"
-        yield Hit(f"norm_output = {str(value).lower()} in a SpecForge-format draft: SpecForge before PR #879 trained "
-                  f"{before}; SGLang and vLLM serve {after} — check which SpecForge trained it", key=where)
+        if not isinstance(d.config.get("transformers_version"), str):
+            return  # not written by save_pretrained, so not a SpecForge export (its exporters stamp the version)
+        before = "EAGLE-3 (normed lm_head input, pre-norm state fed back)" if value else \
+            "no norm at all (lm_head on the un-normed state)"
+        after = "EAGLE-3.1 (post-norm state fed back)" if value else "EAGLE-3 (normed lm_head input, pre-norm state " \
+            "fed back)"
+        yield Hit(f"norm_output = {str(value).lower()} in a SpecForge export: SpecForge before PR #879 trained "
+                  f"{before}; SGLang and vLLM serve {after}; which SpecForge trained it is not recorded",
+                  key=where, fix=_FIX_TRUE if value else _FIX_FALSE)
 
 
 RULES = (norm_before_residual, norm_before_fc, fc_norm, norm_output)

@@ -87,10 +87,12 @@ def algorithm(ctx: Context) -> Iterator[Hit]:
     else:
         if not s.spec_config:
             local = s.target_model is not None and (Path(s.target_model) / "config.json").is_file()
-            yield Hit("no --speculative-config: speculative decoding is off" + (
-                "" if local or not s.target_model else
-                f" (unless {s.target_model} is a speculators draft, which turns EAGLE-3 on by itself; its config "
-                "is not a local directory, so lint cannot tell)"))
+            if local or not s.target_model:
+                yield Hit("no --speculative-config: speculative decoding is off")
+            else:  # a hub id: it may be the speculators draft itself, which turns EAGLE-3 on (a warning, not an error)
+                yield Hit(f"no --speculative-config: speculative decoding is off unless {s.target_model} is a "
+                          "speculators draft, which turns EAGLE-3 on by itself; it is not a local directory, so lint "
+                          "cannot tell (pass the downloaded directory to --serve, or lint it with --draft)", W)
             return
         algo, how = vllm_method(ctx)
         right = "eagle3"

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from consistency.contract import conventions as cv
+from consistency.contract.models import Consumer
 from consistency.lint.context import Context, NotEvaluated
 from consistency.lint.rules.base import E, Hit, rule
 
@@ -66,16 +67,17 @@ def hidden_size(ctx: Context) -> Iterator[Hit]:
             yield Hit(f"the draft's hidden size is {hd}, the target's {ht}, and no target_hidden_size says so{extra}",
                       key="hidden_size")
     ck = d.checkpoint
+    eagle3 = ctx.kind in (Consumer.eagle3_aux, Consumer.p_eagle, None)  # MTP/EAGLE-1/Medusa have no EAGLE-3 fc
     if ck is not None:
         fc = ck.find("fc.weight")
-        if fc is None:
+        if fc is None and eagle3:
             checked = True
             yield Hit("the checkpoint has no fc.weight: no EAGLE-3 server can load it")
-        hd = hd or (fc.shape[0] if fc is not None and len(fc.shape) == 2 else None)
+        hd = hd or (fc.shape[0] if fc is not None and len(fc.shape) == 2 and eagle3 else None)
         if hd:
             checked = True
-            for name, dim, want in (("fc.weight", 0, hd), ("layers.0.self_attn.q_proj.weight", 1, 2 * hd),
-                                    ("embed_tokens.weight", 1, hd), ("lm_head.weight", 1, hd)):
+            eagle3_dims = (("fc.weight", 0, hd), ("layers.0.self_attn.q_proj.weight", 1, 2 * hd)) if eagle3 else ()
+            for name, dim, want in (*eagle3_dims, ("embed_tokens.weight", 1, hd), ("lm_head.weight", 1, hd)):
                 t = ck.find(name)
                 if t is not None and len(t.shape) == 2 and t.shape[dim] != want:
                     yield Hit(f"{t.name} is {list(t.shape)}: dim {dim} should be {want} for a draft of hidden size "
