@@ -16,7 +16,9 @@ processor receives (``non_intrusive__logits_processor.inputs.4.{i}``) are ``aux.
 values the server really fed, not a rule. A decoder layer's own ``output.0``/``output.1``
 (which a ``layer_id`` filter keeps) give stream k+1 as their sum where the fused norm's
 residual was filtered out. Each step is a capture (``#k``); ``rids`` with ``seq_lens`` give
-each token its request. Names we do not know keep their own name.
+each token its request. Manual ``dumper.dump(name, value)`` calls (the only kind before
+0.5.10) are kept when ``name`` is one of our names (``hidden.3``, ``aux.0``, ``input_ids``);
+other module inputs and outputs are not streams and are left out.
 """
 
 from __future__ import annotations
@@ -41,6 +43,12 @@ OUT = re.compile(r"^(?P<mod>.+)\.output(?:\.(?P<item>\d{1,3}))?$")
 AUX = re.compile(r"^logits_processor\.inputs\.(?:4|aux_hidden_states)(?:\.(?P<i>\d{1,3}))?$")
 LAYER_OUT = re.compile(r"^model\.layers\.(\d{1,6})\.output\.([01])$")
 MAX_FILES = 2_000_000
+KNOWN = frozenset({names.HIDDEN, names.AUX, names.FINAL_NORM, names.ATTN_OUT, names.MLP_OUT, names.RESID_MID,
+                   names.LOGITS})
+
+
+def notes_seen(notes: list[str], word: str) -> bool:
+    return any(n.startswith(word) for n in notes)
 
 
 def parse_name(fname: str) -> dict[str, str] | None:
@@ -122,7 +130,7 @@ def _rank_of(meta: dict[str, Any], fields: dict[str, str]) -> tuple[int, int, in
         return (int(info.get("pp_rank", 0)), int(info["tp_rank"]), int(info.get("pp_size", 1)),
                 int(info.get("tp_size", 1)), int(dp) if isinstance(dp, int) else 1)
     ws = meta.get("world_size")
-    return 0, int(fields["rank"]), 1, int(ws) if isinstance(ws, int) else 1, 1
+    return 0, int(fields["rank"]), 1, int(ws) if isinstance(ws, int) else 0, 1  # 0: from the ranks seen
 
 
 def _build(path: Path, d: Path, archives: list[ptzip.Archive], layer_ids: Sequence[int] | None,
@@ -144,6 +152,7 @@ def _build(path: Path, d: Path, archives: list[ptzip.Archive], layer_ids: Sequen
     if len(sizes) != 1:
         raise InputError(d, f"files disagree on the parallel layout (pp, tp, attn_dp sizes): {sorted(sizes)}")
     pp_size, tp_size, dp_size = sizes.pop()
+    tp_size = tp_size or len(records)
     if dp_size > 1:
         raise InputError(d, f"attention data parallel (attn_dp_size {dp_size}): each DP rank holds other requests' "
                          "tokens and merging them is not supported; dump with --dp-size 1 or compare one DP rank")
@@ -204,6 +213,7 @@ def _step(d: Path, recs: list[tuple[int, dict, Any, dict, int]], n_layers: int |
     rids: list[str] | None = None
     seq_lens = None
     core: list[tuple[bool, str, ptzip.PtTensor, int]] = []
+    unknown: set[str] = set()
     for _i, f, value, _meta, fd in sorted(recs, key=lambda r: r[0]):
         name = f["name"]
         if name in ("input_ids", "positions") and isinstance(value, ptzip.PtTensor):
@@ -216,6 +226,13 @@ def _step(d: Path, recs: list[tuple[int, dict, Any, dict, int]], n_layers: int |
             seq_lens = value.read(fd).reshape(-1).astype(np.int64)
             continue
         if not isinstance(value, ptzip.PtTensor):
+            continue
+        if not name.startswith(PREFIX):  # a manual dumper.dump(name, ...): kept when it is one of our names
+            kind = names.parse(name).kind
+            if kind in KNOWN or "." in name and names.parse(name).index is not None and kind in names.DRAFT_KINDS:
+                pas.put(name, value.view(name, fd), f"sglang dumper {name}")
+            else:
+                unknown.add(name)
             continue
         mod = name.removeprefix(PREFIX)
         if (m := AUX.match(mod)) is not None:
@@ -237,6 +254,9 @@ def _step(d: Path, recs: list[tuple[int, dict, Any, dict, int]], n_layers: int |
         s = names.hidden(k + 1)
         if s not in pas.tensors and len(parts) == 2:
             pas.put(s, stock.SumView.of(s, [parts[0], parts[1]]), f"sum of model.layers.{k}.output.0 and .1")
+    if unknown and not notes_seen(notes, "manual"):
+        notes.append(f"manual dumps under names that are not dump names left out: {', '.join(sorted(unknown)[:5])}"
+                     f"{', ...' if len(unknown) > 5 else ''} (name them hidden.s, aux.i, final_norm to compare them)")
     if rids is not None and seq_lens is not None and "positions" in pas.tensors:
         ids = _request_rows(pas.tensors["positions"].read_all().reshape(-1).astype(np.int64), seq_lens, rids,
                             requests)
