@@ -287,3 +287,193 @@ def load_upstream(path: Any, modname: str) -> types.ModuleType:
     sys.modules[modname] = mod
     spec.loader.exec_module(mod)
     return mod
+
+
+# -- Megatron -------------------------------------------------------------------------------
+
+
+class ColumnParallelLinear(nn.Module):
+    """megatron.core.tensor_parallel.layers.ColumnParallelLinear: returns ``(output, bias)``."""
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(weight.detach().clone())
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return x @ self.weight.t(), None
+
+
+class RowParallelLinear(ColumnParallelLinear):
+    pass
+
+
+class Router(nn.Module):
+    pass
+
+
+class TELinear(ColumnParallelLinear):
+    pass
+
+
+class TEColumnParallelLinear(ColumnParallelLinear):
+    pass
+
+
+class TERowParallelLinear(ColumnParallelLinear):
+    """Under sequence parallelism the output is reduce-scattered: this rank's rows of the sum."""
+
+    def __init__(self, weight: torch.Tensor, shard: Any = None) -> None:
+        super().__init__(weight)
+        self.shard = [shard]
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, None]:
+        out = x @ self.weight.t()
+        return (self.shard[0](out) if self.shard[0] is not None else out), None
+
+
+class TELayerNormColumnParallelLinear(ColumnParallelLinear):
+    """LayerNorm fused into the linear (TE spec): its input is the raw residual stream.
+    Under sequence parallelism it receives this rank's rows and all-gathers them."""
+
+    def __init__(self, weight: torch.Tensor, norm: nn.Module, gather: Any = None) -> None:
+        super().__init__(weight)
+        self.norm = [norm]
+        self.gather = [gather]
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, None]:
+        full = self.gather[0](x) if self.gather[0] is not None else x
+        return self.norm[0](full) @ self.weight.t(), None
+
+
+class _FinalNorm(nn.Module):
+    def __init__(self, norm: nn.Module) -> None:
+        super().__init__()
+        self.norm = [norm]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm[0](x)
+
+
+class TENorm:
+    """``TENorm.__new__`` returns a TE RMSNorm: the object is no TENorm (activation logging's isinstance misses it)."""
+
+    def __new__(cls, norm: nn.Module) -> nn.Module:  # type: ignore[misc]
+        return _FinalNorm(norm)
+
+
+class _Embedding(nn.Module):  # VocabParallelEmbedding is a plain Module, not nn.Embedding
+    def __init__(self, emb: nn.Module) -> None:
+        super().__init__()
+        self.weight = emb.weight
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.weight[ids]
+
+
+class _Wrap(nn.Module):
+    def __init__(self, **kids: nn.Module) -> None:
+        super().__init__()
+        for k, v in kids.items():
+            setattr(self, k, v)
+
+
+class MegatronGPT(nn.Module):
+    """Megatron GPTModel's tree and ``[s, b, h]`` layout over HF Llama weights (TE spec).
+    ``sp=(rank, size)``: sequence parallel, linear_qkv/linear_fc1 receive this rank's rows."""
+
+    def __init__(self, hf: nn.Module, sp: tuple[int, int] | None = None) -> None:
+        super().__init__()
+        cfg = hf.config
+        self.cfg, self.sp, self.rotary = cfg, sp, [hf.model.rotary_emb]
+        self.embedding = _Wrap(word_embeddings=_Embedding(hf.model.embed_tokens))
+        layers = []
+        for layer in hf.model.layers:
+            a, m = layer.self_attn, layer.mlp
+            qkv = torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight], 0)
+            attn = _Wrap(linear_qkv=TELayerNormColumnParallelLinear(qkv, layer.input_layernorm, self._gather),
+                         linear_proj=TERowParallelLinear(a.o_proj.weight, self._rows))
+            fc1 = torch.cat([m.gate_proj.weight, m.up_proj.weight], 0)
+            mlp = _Wrap(linear_fc1=TELayerNormColumnParallelLinear(fc1, layer.post_attention_layernorm, self._gather),
+                        linear_fc2=TERowParallelLinear(m.down_proj.weight, self._rows))
+            layers.append(_Wrap(self_attention=attn, mlp=mlp))
+        self.decoder = _Wrap(layers=nn.ModuleList(layers), final_layernorm=TENorm(hf.model.norm))
+        self.output_layer = ColumnParallelLinear(hf.lm_head.weight)
+        self._full: torch.Tensor | None = None
+
+    def _gather(self, shard: torch.Tensor) -> torch.Tensor:
+        assert self._full is not None
+        return self._full  # the all-gather of every rank's rows: the full stream
+
+    def _rows(self, x: torch.Tensor) -> torch.Tensor:
+        if self.sp is None:
+            return x
+        r, n = self.sp
+        s = x.shape[0] // n
+        return x[r * s:(r + 1) * s]
+
+    def _shard(self, x: torch.Tensor) -> torch.Tensor:
+        self._full = x
+        return self._rows(x)
+
+    @torch.no_grad()
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        cfg = self.cfg
+        heads, kv, dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.hidden_size // cfg.num_attention_heads
+        h = self.embedding.word_embeddings(input_ids).transpose(0, 1)  # [s, b, h]
+        s = h.shape[0]
+        cos, sin = self.rotary[0](h.transpose(0, 1), torch.arange(s)[None])
+        for layer in self.decoder.layers:
+            qkv, _ = layer.self_attention.linear_qkv(self._shard(h))
+            q, k, v = qkv[:, 0].split([heads * dim, kv * dim, kv * dim], -1)
+            q = q.view(s, heads, dim).transpose(0, 1)[None]
+            k = k.view(s, kv, dim).transpose(0, 1)[None]
+            q, k = apply_rotary_pos_emb(q, k, cos, sin)
+            ctx = _attend(q[0], k[0], v.view(s, kv, dim).transpose(0, 1), 0).transpose(0, 1).reshape(s, 1, -1)
+            layer.self_attention.linear_proj(ctx)  # logged: this rank's rows under sequence parallelism
+            h = h + ctx @ layer.self_attention.linear_proj.weight.t()
+            up, _ = layer.mlp.linear_fc1(self._shard(h))
+            a, b = up.chunk(2, -1)
+            act = nn.functional.silu(a) * b
+            layer.mlp.linear_fc2(act)
+            h = h + act @ layer.mlp.linear_fc2.weight.t()
+        final = self.decoder.final_layernorm(h)
+        self.output_layer(self._shard(final))  # logged: input0 is this rank's rows (gathered inside)
+        return final @ self.output_layer.weight.t()
+
+
+def megatron_stubs(checkpointing_py: Any, tp: int = 0, pp: int = 0, pp_size: int = 1) -> dict[str, types.ModuleType]:
+    """Stand-ins for what megatron/training/activation_logging.py imports; ``save_grads`` is the
+    released function itself, cut from the wheel's checkpointing.py and run with a stand-in mpu."""
+    import ast
+    import datetime as _dt
+    import os
+
+    text = open(checkpointing_py).read()
+    fn = next(n for n in ast.parse(text).body if isinstance(n, ast.FunctionDef) and n.name == "save_grads")
+    mpu = types.SimpleNamespace(get_expert_data_parallel_rank=lambda: 0, get_expert_model_parallel_rank=lambda: 0,
+                                get_pipeline_model_parallel_rank=lambda: pp, get_tensor_model_parallel_rank=lambda: tp,
+                                get_pipeline_model_parallel_world_size=lambda: pp_size,
+                                get_expert_model_parallel_world_size=lambda: 1)
+    ns: dict[str, Any] = {"mpu": mpu, "print_rank_0": lambda *a: None, "datetime": _dt.datetime, "os": os,
+                          "torch": torch}
+    exec(compile(ast.Module([fn], []), checkpointing_py, "exec"), ns)  # noqa: S102 - the released function
+    te = {"TELinear": TELinear, "TENorm": TENorm, "TEColumnParallelLinear": TEColumnParallelLinear,
+          "TERowParallelLinear": TERowParallelLinear, "TELayerNormColumnParallelLinear": TELayerNormColumnParallelLinear}
+    mods: dict[str, dict[str, Any]] = {
+        "megatron": {}, "megatron.core": {}, "megatron.core.tensor_parallel": {},
+        "megatron.core.tensor_parallel.layers": {"ColumnParallelLinear": ColumnParallelLinear,
+                                                 "RowParallelLinear": RowParallelLinear},
+        "megatron.core.transformer": {}, "megatron.core.transformer.moe": {},
+        "megatron.core.transformer.moe.router": {"Router": Router},
+        "megatron.core.utils": {"unwrap_model": lambda m: m},
+        "megatron.core.extensions": {}, "megatron.core.extensions.transformer_engine": te,
+        "megatron.training": {}, "megatron.training.checkpointing": {"save_grads": ns["save_grads"]},
+        "megatron.training.activation_logging": {},
+    }
+    out = {}
+    for name, attrs in mods.items():
+        m = types.ModuleType(name)
+        m.__path__ = []
+        m.__dict__.update(attrs)
+        out[name] = m
+    return out

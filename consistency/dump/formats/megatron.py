@@ -184,7 +184,7 @@ def _build(path: Path, files: list[Path], d: Path, archives: list[ptzip.Archive]
     hidden = next((v.cols for k, v in tensors.items() if names.stream_of(k) is not None), None)
     summary = (f"Megatron activation log, {d.name}, TP {len(tps)}" + (f", PP {len(pps)}" if len(pps) > 1 else "")
                + (f", EP {len(eps)}" if len(eps) > 1 else "") + f", streams {stock.spans(streams) or 'none'}")
-    meta = DumpMetadata(side="training", runtime=RuntimeInfo(name="megatron"),
+    meta = DumpMetadata(runtime=RuntimeInfo(name="megatron"),  # a trainer: reference or candidate, as placed
                         model=ModelInfo(num_layers=n_layers, hidden_size=hidden),
                         aux=aux_info(claims, len(claims.streams or [])), tensors=metas,
                         extra={"notes": notes, "source_format": {"tool": NAME, "summary": summary, "tp": len(tps),
