@@ -91,7 +91,7 @@ def _torch_archive() -> Format:
                   m.sniff, m.open_file)
 
 
-REGISTRY: tuple[Callable[[], Format], ...] = (_speculators, _vllm, _megatron, _torch_archive, _specforge,
+REGISTRY: tuple[Callable[[], Format], ...] = (_vllm, _speculators, _megatron, _torch_archive, _specforge,
                                               _sglang_tensor_dump, _sglang_dumper)
 
 

@@ -22,7 +22,7 @@ from consistency.contract.models import DumpMetadata, ModelInfo, RuntimeInfo
 from consistency.dump import dtypes, names, safetensors_io
 from consistency.dump.formats import speculators
 from consistency.dump.formats.base import ForeignDump, aux_info, resolve_claims, split_slots, tensor_meta
-from consistency.dump.reader import TensorView
+from consistency.dump.reader import META_KEY, TensorView
 from consistency.errors import InputError, UsageError
 
 NAME = "vllm-extract-hidden-states"
@@ -30,8 +30,15 @@ SPECULATORS_NAME = re.compile(r"^hs_\d+\.safetensors$")
 
 
 def sniff(path: Path, head: bytes) -> bool:
-    """speculators' keys in a file not named as speculators names its files (``hs_{i}``)."""
-    return SPECULATORS_NAME.match(path.name) is None and speculators.sniff(path, head)
+    """Exactly ``hidden_states`` and ``token_ids`` in a file not named as speculators names its
+    files (``hs_{i}``; an FP8 file with per-token scales is always hs_connectors')."""
+    if SPECULATORS_NAME.match(path.name) is not None or head[:2] == b"PK" or len(head) < 8:
+        return False
+    try:
+        hdr = safetensors_io.read_header(path)
+    except InputError:
+        return False
+    return META_KEY not in hdr.metadata and set(hdr.entries) == speculators.KEYS
 
 
 def sniff_dir(path: Path) -> bool:
