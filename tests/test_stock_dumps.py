@@ -332,16 +332,19 @@ VLLM_FAULTS = [
 @pytest.mark.parametrize("case", VLLM_FAULTS, ids=[c[0] for c in VLLM_FAULTS])
 def test_vllm_extract_hidden_states_against_training(tmp_path, case):
     tag, train, streams, ids, post, want = case
-    f = tmp_path / "0-a1b2c3.safetensors"
+    f = tmp_path / "0-a1b2c3d4.safetensors"  # a vLLM request id, as the connector names the file
     tok = vllm_file(f, streams, post)
     with open_side(f, [int(x) for x in ids.split(",")], "vllm") as d:
         assert d.format == "vllm-extract-hidden-states" and d.metadata.aux.stream_ids == streams
+    with open_side(f.rename(tmp_path / "renamed.safetensors"), None, None) as d:  # any other name: speculators'
+        assert d.format == "speculators"
+    (tmp_path / "renamed.safetensors").rename(f)
     rep = run_compare(str(_reference(tmp_path, tok, train, tag, post_norm=False)), str(tmp_path), cand_layer_ids=ids,
                       convention="vllm")
     _check(rep, want)
 
 
 def test_vllm_017_cannot_have_captured_id_0(tmp_path):
-    vllm_file(tmp_path / "r.safetensors", [1, 6, 10])
-    r = run_cli("inspect", str(tmp_path / "r.safetensors"), "--layer-ids", "0,6,10", "--convention", "vllm@0.17")
+    vllm_file(tmp_path / "cmpl-9f2e.safetensors", [1, 6, 10])
+    r = run_cli("inspect", str(tmp_path / "cmpl-9f2e.safetensors"), "--layer-ids", "0,6,10", "--convention", "vllm@0.17")
     assert r.returncode == 2 and "which vLLM 0.17 cannot capture" in r.stderr

@@ -6,7 +6,9 @@
 feed an EAGLE-3 draft for the configured ids, in ascending id order, id k being stream k
 (``hidden + residual``, pre-final-norm). It is the layout speculators' ``hs_{i}.safetensors``
 uses, without speculators' convention that the last slot is the verifier's last state:
-every slot is ``aux.{i}``. Version limits come
+every slot is ``aux.{i}``. The two are told apart by the file name: a vLLM request id
+(``0-1a2b3c4d.safetensors``, ``cmpl-<uuid>.safetensors``) is this reader's, any other name
+speculators'. Version limits come
 from the capture-limit table: before 0.18 id 0 fails and id N is never reached.
 """
 
@@ -26,13 +28,15 @@ from consistency.dump.reader import META_KEY, TensorView
 from consistency.errors import InputError, UsageError
 
 NAME = "vllm-extract-hidden-states"
-SPECULATORS_NAME = re.compile(r"^hs_\d+\.safetensors$")
+# what ExampleHiddenStatesConnector names its files: vLLM request ids (offline "0", "1", ...; the
+# OpenAI server's cmpl-/chatcmpl-<uuid>), with the "-<8 hex>" suffix the engine appends since 0.11
+REQUEST_NAME = re.compile(r"^(?:(?:chat)?cmpl-[0-9A-Za-z-]{1,80}|\d{1,12})(?:-[0-9a-f]{8})?\.safetensors$")
 
 
 def sniff(path: Path, head: bytes) -> bool:
-    """Exactly ``hidden_states`` and ``token_ids`` in a file not named as speculators names its
-    files (``hs_{i}``; an FP8 file with per-token scales is always hs_connectors')."""
-    if SPECULATORS_NAME.match(path.name) is not None or head[:2] == b"PK" or len(head) < 8:
+    """Exactly ``hidden_states`` and ``token_ids`` in a file named as vLLM names request files;
+    any other name with these keys is speculators' layout (its ``hs_{i}``, or a renamed copy)."""
+    if REQUEST_NAME.match(path.name) is None or head[:2] == b"PK" or len(head) < 8:
         return False
     try:
         hdr = safetensors_io.read_header(path)
