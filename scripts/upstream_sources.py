@@ -48,6 +48,15 @@ PINS: dict[tuple[str, str], tuple[str, str, tuple[str, ...]]] = {
     ("sglang", "0.5.23"): ("sglang-0.5.23-cp311-cp311-manylinux_2_34_x86_64.whl",
                            "00b3cd5b265ac76c64185fbb6b95424f324ddd9f428d0306b77bc9db9d859937",
                            ("manylinux_2_34_x86_64",)),
+    # stock debug dumpers (tests/test_stock_*.py run them): the tensor-dump hook's first release and the
+    # dumper's raw-payload era, the {"value", "meta"} payload's first release, and Megatron's activation log
+    ("sglang", "0.5.5"): ("sglang-0.5.5-py3-none-any.whl",
+                          "3c57f135ec0a7a5cf6ae4ed5e0b231d7bf7e0fae588bbc1a881560f1c18db995", ("any",)),
+    ("sglang", "0.5.9"): ("sglang-0.5.9-py3-none-any.whl",
+                          "8a936c4d25fea605f44254e533cff2144c73ceffbc1f8738aba393461bbb64d1", ("any",)),
+    ("megatron-core", "0.18.0"): ("megatron_core-0.18.0-cp312-cp312-manylinux_2_24_x86_64.manylinux_2_28_x86_64.whl",
+                                  "beb6f7b1462a82723cef31773dae60f54a2f7bc809e5e050cf9f59c344b5a373",
+                                  ("manylinux_2_28_x86_64",)),
     ("vllm", "0.25.0"): ("vllm-0.25.0-cp38-abi3-manylinux_2_28_x86_64.whl",
                          "c82e96b01af2142ef398ca92f1e9c5f4ffc119f2cc09fe68ea28865323532f0c",
                          ("manylinux_2_28_x86_64",)),
@@ -59,8 +68,19 @@ PINS: dict[tuple[str, str], tuple[str, str, tuple[str, ...]]] = {
                          ("manylinux_2_28_x86_64",)),
 }
 # members unpacked: what the patches (+++ b/...) and the quoted sources name, and their neighbours
-PREFIXES = ("sglang/srt/models/", "sglang/srt/layers/aux_hidden_states.py", "vllm/model_executor/models/")
+PREFIXES = ("sglang/srt/models/", "sglang/srt/layers/aux_hidden_states.py", "vllm/model_executor/models/",
+            "sglang/srt/debug_utils/", "megatron/training/activation_logging.py", "megatron/training/checkpointing.py")
 MARK = ".consistency-sha256"  # written last: a tree holding it was fully unpacked from the pinned wheel
+PYTHON = {("megatron-core", "0.18.0"): "3.12"}  # the wheel's tag (its files are plain Python, read not installed)
+FIRST_PREFIXES = PREFIXES[:3]  # what trees unpacked before the stock-dumper files hold (their mark is the digest alone)
+
+
+def mark_text(pkg: str, digest: str) -> str:
+    """The mark records the prefixes a package's tree needs beyond the first set, so a tree
+    unpacked before they were added is unpacked again (and no other tree is)."""
+    top = pkg.replace("-core", "").replace("-", "_") + "/"
+    extra = [p for p in PREFIXES if p.startswith(top) and p not in FIRST_PREFIXES]
+    return digest if not extra else f"{digest} {hashlib.sha256(repr(extra).encode()).hexdigest()[:12]}"
 
 
 def default_cache() -> Path:
@@ -84,8 +104,8 @@ def download(pkg: str, version: str, wheels: Path) -> Path:
     if whl.is_file() and sha256(whl) == digest:
         return whl
     cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
-           "--python-version", "3.11",
-           *[a for p in platforms for a in ("--platform", p)], "-d", str(wheels), f"{pkg}=={version}"]
+           "--python-version", PYTHON.get((pkg, version), "3.11"),
+           *[a for p in platforms if p != "any" for a in ("--platform", p)], "-d", str(wheels), f"{pkg}=={version}"]
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
     if not whl.is_file():
         raise RuntimeError(f"pip did not produce {name} (got {sorted(p.name for p in wheels.iterdir())})")
@@ -96,7 +116,7 @@ def download(pkg: str, version: str, wheels: Path) -> Path:
     return whl
 
 
-def unpack(whl: Path, digest: str, tree: Path) -> int:
+def unpack(whl: Path, digest: str, tree: Path, pkg: str = "") -> int:
     """Extract the members under PREFIXES; refuses absolute or parent-relative names."""
     n = 0
     with zipfile.ZipFile(whl) as z:
@@ -110,19 +130,19 @@ def unpack(whl: Path, digest: str, tree: Path) -> int:
             dst.parent.mkdir(parents=True, exist_ok=True)
             dst.write_bytes(z.read(info))
             n += 1
-    (tree / MARK).write_text(digest + "\n")
+    (tree / MARK).write_text(mark_text(pkg, digest) + "\n")
     return n
 
 
 def fetch(pkg: str, version: str, cache: Path) -> str:
     name, digest, _ = PINS[(pkg, version)]
     tree = cache / f"{pkg}-{version}"
-    if (tree / MARK).is_file() and (tree / MARK).read_text().strip() == digest:
+    if (tree / MARK).is_file() and (tree / MARK).read_text().strip() == mark_text(pkg, digest):
         return f"{pkg} {version}: cached in {tree}"
     t0 = time.perf_counter()
     whl = download(pkg, version, cache / "wheels")
     t1 = time.perf_counter()
-    n = unpack(whl, digest, tree)
+    n = unpack(whl, digest, tree, pkg)
     t2 = time.perf_counter()
     mb = whl.stat().st_size / 1e6
     whl.unlink()  # the unpacked tree is what the tests read; keep the cache small

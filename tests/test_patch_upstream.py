@@ -15,6 +15,11 @@ and the ends of each patch's claimed range (docs/integrations):
 * sglang 0.5.13        9d26266ab7e99165   * sglang 0.5.17  575e38f5683624de
 * sglang 0.5.22        cc9a0f15bd8f877a   * vllm 0.25.0    c82e96b01af2142e
 * vllm 0.26.0          adb1e4c9b46d0dfd
+
+and the stock debug dumpers tests/test_stock_*.py run (their debug_utils / activation log):
+
+* sglang 0.5.5         3c57f135ec0a7a5c   * sglang 0.5.9   8a936c4d25fea605
+* megatron-core 0.18.0 beb6f7b1462a8272
 """
 
 from __future__ import annotations
@@ -169,7 +174,7 @@ def test_every_checked_tree_is_fetched_by_the_ci_script():
     pinned = {f"{pkg}-{ver}" for pkg, ver in mod.PINS}
     wanted = {t for trees in APPLIES.values() for t in trees} | {f"{p}-{v}" for _m, (p, v, _f, _q) in QUOTES.values()}
     assert wanted <= pinned, wanted - pinned
-    quoted = dict(re.findall(r"\* (?:sglang|vllm) ([\w.]+)\s+([0-9a-f]{16})", __doc__ or ""))
+    quoted = dict(re.findall(r"\* (?:sglang|vllm|megatron-core) ([\w.]+)\s+([0-9a-f]{16})", __doc__ or ""))
     for (pkg, ver), (_name, digest, _plat) in mod.PINS.items():
         assert digest.startswith(quoted[ver]), (pkg, ver)
     patched = {ln[6:] for p in APPLIES for ln in (PATCHES / p).read_text().splitlines() if ln.startswith("+++ b/")}

@@ -1,9 +1,9 @@
-"""``consistency convert INPUT -o OUT``: a training file another tool wrote, as a dump.
+"""``consistency convert INPUT -o OUT``: a file or directory another tool wrote, as a dump.
 
-``compare`` reads speculators and SpecForge files directly; converting is for keeping a
-self-describing copy (names mapped, stream ids recorded in the metadata) or for tools
-that only read dumps. SpecForge files are pickles: they are loaded with
-``torch.load(weights_only=True)`` only, and a file that needs more is refused.
+``compare`` reads these directly; converting is for keeping a self-describing copy (names
+mapped, stream ids recorded in the metadata) or for tools that only read dumps. SpecForge
+files are loaded with ``torch.load(weights_only=True)`` only; ``.pt``/``.pth`` zip archives
+(SGLang, Megatron, a user's ``torch.save``) through the restricted reader, without torch.
 """
 
 from __future__ import annotations
@@ -32,7 +32,9 @@ def convert_file(src: str | Path, out: str | Path, layer_ids: list[int] | None =
         raise UsageError(f"{out_p}: the output would overwrite the input")
     with open_side(src_p, layer_ids, convention) as d:
         if d.metadata is None:
-            raise UsageError(f"{src_p}: not a speculators or SpecForge file (nor a dump with metadata); nothing to convert")
+            from consistency.dump.sniff import read_names
+
+            raise UsageError(f"{src_p}: a dump without metadata has nothing to convert (convert reads {read_names()})")
         meta = d.metadata.model_copy(deep=True)
         notes = list(meta.extra.get("notes", []))
         tensors = {}
@@ -53,7 +55,7 @@ def convert_file(src: str | Path, out: str | Path, layer_ids: list[int] | None =
 
 
 @click.command("convert")
-@click.argument("source", type=click.Path(dir_okay=False, path_type=str))
+@click.argument("source", type=click.Path(dir_okay=True, readable=False, path_type=str))
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="Dump to write (.safetensors or .npz).")
 @click.option("--layer-ids", help="Aux layer ids of the data-generation run, as the producing tool spells them "
                                   "(speculators: include the appended N, e.g. 2,30,58,61).")
@@ -61,9 +63,12 @@ def convert_file(src: str | Path, out: str | Path, layer_ids: list[int] | None =
                                    "specforge, sglang[@VER], sglang-deepseek, ...")
 @click.option("--force", is_flag=True, help="Overwrite an existing output.")
 def convert(source: str, output: str, layer_ids: str | None, convention: str | None, force: bool) -> None:
-    """Convert a speculators hs_*.safetensors or a SpecForge .ckpt/.ckpt.gz to a dump.
+    """Convert a file or directory another tool wrote to a dump.
 
-    Names are mapped onto the dump format (aux.i, input_ids, hidden.N, final_norm) and the
+    Reads speculators hs_*.safetensors, vLLM extract_hidden_states files, SpecForge
+    .ckpt/.ckpt.gz, torch.save .pt/.pth archives of named tensors, and the directories of
+    SGLang's tensor dump and dumper and Megatron's activation log. Names are mapped onto
+    the dump format (hidden.s, aux.i, input_ids, final_norm; passes as name#k) and the
     stream ids of the aux slots are recorded when --layer-ids says what they are.
     """
     from consistency.diagnose.pipeline import parse_ids

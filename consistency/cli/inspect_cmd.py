@@ -8,8 +8,14 @@ import click
 @click.command("inspect")
 @click.argument("dump", type=click.Path(readable=False, path_type=str))
 @click.option("--json", "as_json", is_flag=True, help="Print the metadata and tensor list as JSON.")
-def inspect(dump: str, as_json: bool) -> None:
-    """List the tensors (name, dtype, shape) and the metadata of DUMP."""
+@click.option("--layer-ids", help="Aux layer ids, as the producing tool spells them, for files that do not record them.")
+@click.option("--convention", help="What --layer-ids mean (default: the file's tool).")
+def inspect(dump: str, as_json: bool, layer_ids: str | None, convention: str | None) -> None:
+    """List the tensors (name, dtype, shape) and the metadata of DUMP.
+
+    DUMP may also be a file or directory another tool wrote (SGLang tensor dump or dumper,
+    Megatron activation log, vLLM extract_hidden_states, speculators, SpecForge, a
+    torch.save archive): the first line says what was found."""
     import json
 
     from rich.table import Table
@@ -20,15 +26,21 @@ def inspect(dump: str, as_json: bool) -> None:
     from consistency.report.escape import term
     from consistency.report.text import console
 
-    with open_side(dump) as d:
+    from consistency.contract.ids import parse_ids
+
+    with open_side(dump, parse_ids(layer_ids), convention) as d:
         tensors = [{"name": n, "dtype": d[n].dtype, "shape": list(d[n].shape)} for n in d.names]
         meta = json.loads(d.metadata.model_dump_json(exclude_none=True)) if d.metadata else None
         if as_json:
             click.echo(json.dumps({"path": dump, "format": d.format, "metadata": meta, "tensors": tensors}, indent=2))
             return
         con = console()
-        head = f"{dump}: {d.format}, {len(tensors)} tensors" + ("" if meta else ", no consistency metadata")
+        found = (d.metadata.extra.get("source_format") or {}) if d.metadata else {}
+        summary = found.get("summary") if isinstance(found, dict) else None
+        head = f"{dump}: {summary or d.format}, {len(tensors)} tensors" + ("" if meta else ", no consistency metadata")
         con.print(Text(term(head)))
+        for note in (d.metadata.extra.get("notes") or []) if d.metadata else []:
+            con.print(Text(term(f"note: {note}")))
         if d.metadata and d.metadata.aux and d.metadata.aux.stream_ids is not None:
             a = d.metadata.aux
             con.print(Text(term(f"aux streams {a.stream_ids} (native ids {a.native_ids}, convention {a.convention})")))

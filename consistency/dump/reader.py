@@ -21,7 +21,7 @@ from pydantic import ValidationError
 
 from consistency.contract.io import env_limit, strict_json, validation_line
 from consistency.contract.models import DumpMetadata
-from consistency.dump import dtypes, names, npz_io, safetensors_io
+from consistency.dump import dtypes, names, npz_io, safetensors_io, sniff
 from consistency.errors import InputError
 
 META_KEY = "consistency"
@@ -164,9 +164,15 @@ class Dump:
         fd = safetensors_io.open_regular(self.path)
         self._fds.append(fd)
         try:
-            magic = os.pread(fd, 4, 0)
+            magic = os.pread(fd, 16, 0)
             if self.path.suffix in (".pt", ".pth", ".bin", ".pkl", ".pickle", ".ckpt", ".gz"):
-                raise InputError(self.path, "is a pickle-based file; use `consistency convert` (weights_only) first")
+                raise InputError(self.path, f"is {sniff.looks_like(magic)}, not a dump; consistency reads "
+                                 f"{sniff.read_names()}, and a torch.save zip archive of named tensors directly "
+                                 "(never unpickled)")
+            if self.path.suffix not in (".npz", ".safetensors") and sniff.content_kind(magic) not in ("safetensors",
+                                                                                                    "zip"):
+                raise InputError(self.path, f"is {sniff.looks_like(magic)}, not a format consistency reads "
+                                 f"({sniff.read_names()})")
             if magic[:4] == b"PK\x03\x04" or (magic[:2] == b"PK" and self.path.suffix == ".npz"):
                 self.format = "npz"
                 self._open_npz(fd)

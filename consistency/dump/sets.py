@@ -1,9 +1,10 @@
-"""Open one side of a comparison: a dump, a set of tensor-parallel rank files, or a
-training file another tool wrote.
+"""Open one side of a comparison: a dump, a set of tensor-parallel rank files, a file
+another tool wrote, or a directory of a stock debug dump.
 
-Formats other tools write (speculators ``hs_*.safetensors``, SpecForge ``.ckpt``/
-``.ckpt.gz``; see :mod:`consistency.dump.formats`) are recognised here, so every command
-that takes a dump takes them too. ``layer_ids``/``convention`` describe inputs whose
+Formats other tools write (speculators ``hs_*.safetensors``, vLLM ``extract_hidden_states``,
+SpecForge ``.ckpt``/``.ckpt.gz``, SGLang's tensor dump and dumper, Megatron's activation
+log; see :mod:`consistency.dump.formats`) are recognised here, so every command that takes
+a dump takes them too. ``layer_ids``/``convention`` describe inputs whose
 files do not record which streams they hold; a dump records its own and ignores them.
 """
 
@@ -40,8 +41,12 @@ def open_side(spec: str | Path | Dump, layer_ids: Sequence[int] | None = None, c
     if ranks is not None:
         return open_rank_set(ranks)
     if p.is_dir():
-        raise InputError(p, "is a directory, expected a dump file (.safetensors or .npz), a speculators "
-                         "hs_*.safetensors or a SpecForge .ckpt/.ckpt.gz")
+        from consistency.dump.formats import detect_dir, read_names
+
+        fmt = detect_dir(p)
+        if fmt is not None and fmt.open_dir is not None:
+            return fmt.open_dir(p, layer_ids, convention)
+        raise InputError(p, f"is a directory holding none of the formats consistency reads ({read_names()})")
     if p.is_file():
         from consistency.dump.formats import detect
 

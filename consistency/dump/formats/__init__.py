@@ -1,9 +1,11 @@
 """Readers for tensor files other tools write, presented as dumps.
 
 A registry as data: each entry names a format, says how to recognise a file (cheaply,
-from its name and first bytes) and how to open it as a :class:`~consistency.dump.reader.Dump`.
-``consistency.dump.sets.open_side`` consults it before falling back to the dump reader,
-so every command that takes a dump takes these files too.
+from its name and first bytes) or a directory (from its entries' names), and how to open
+it as a :class:`~consistency.dump.reader.Dump`. ``consistency.dump.sets.open_side``
+consults it before falling back to the dump reader, so every command that takes a dump
+takes these files too. :func:`looks_like` names what an unreadable file's bytes are, so a
+refusal says what the file is and what we read instead of calling it a corrupt header.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from consistency.dump.reader import Dump
+from consistency.dump.sniff import MAGIC, MAX_HEADER, content_kind, looks_like, read_names  # noqa: F401 - re-exported
 from consistency.errors import InputError
 
 
@@ -21,8 +24,10 @@ class Format:
     name: str
     description: str
     source: str  # the upstream writer this reader follows
-    sniff: Callable[[Path, bytes], bool]
-    open: Callable[[Path, Sequence[int] | None, str | None], Dump]
+    sniff: Callable[[Path, bytes], bool] | None  # a file: its name and first 16 bytes
+    open: Callable[[Path, Sequence[int] | None, str | None], Dump] | None
+    sniff_dir: Callable[[Path], bool] | None = None  # a directory: its entries' names
+    open_dir: Callable[[Path, Sequence[int] | None, str | None], Dump] | None = None
 
 
 def _speculators() -> Format:
@@ -41,33 +46,57 @@ def _specforge() -> Format:
                   "SpecForge scripts/prepare_hidden_states.py (_save_tensor)", m.sniff, m.open_file)
 
 
-REGISTRY: tuple[Callable[[], Format], ...] = (_speculators, _specforge)
+def _vllm() -> Format:
+    from consistency.dump.formats import vllm_hidden as m
+
+    return Format(m.NAME, "vLLM extract_hidden_states: {req_id}.safetensors {hidden_states [T, K, H], token_ids [T]} "
+                  "(every slot an aux state, ids from --layer-ids)",
+                  "vllm distributed/kv_transfer/kv_connector/v1/example_hidden_states_connector.py (0.17.0+)",
+                  m.sniff, m.open_file, m.sniff_dir, m.open_dir)
 
 
-# first bytes -> what the content is; a name never overrides them
-MAGIC: tuple[tuple[bytes, str], ...] = (
-    (b"\x1f\x8b", "gzip"), (b"PK\x03\x04", "zip"), (b"PK\x05\x06", "zip"), (b"\x80", "pickle"),
-    (b"BZh", "bzip2"), (b"\xfd7zXZ\x00", "xz"), (b"\x28\xb5\x2f\xfd", "zstd"),
-)
+def _sglang_tensor_dump() -> Format:
+    from consistency.dump.formats import sglang_tensor_dump as m
+
+    return Format(m.NAME, "SGLang --debug-tensor-dump-output-folder: [target/]TP*_PP*_Rank*_pid*/Pass*.pt (leaf "
+                  "module outputs per forward pass)", "sglang srt/debug_utils/tensor_dump_forward_hook.py (0.5.5-0.5.23)",
+                  None, None, m.sniff_dir, m.open_dir)
+
+
+def _sglang_dumper() -> Format:
+    from consistency.dump.formats import sglang_dumper as m
+
+    return Format(m.NAME, "SGLang dumper: step=S___rank=R___...___name=N.pt ({value, meta}; forward_pass_id= up to 0.5.9)",
+                  "sglang srt/debug_utils/dumper.py (0.5.5-0.5.23; DUMPER_NON_INTRUSIVE_MODE=all from 0.5.10)",
+                  None, None, m.sniff_dir, m.open_dir)
+
+
+def _megatron() -> Format:
+    from consistency.dump.formats import megatron as m
+
+    return Format(m.NAME, "Megatron --save-activations-interval: activations/iter_*/mp_rank_*.pth "
+                  "({model_chunk0: {module/input0: [s, b, h]}})",
+                  "megatron-core 0.18.0 megatron/training/activation_logging.py (save_grads)",
+                  m.sniff, m.open_file, m.sniff_dir, m.open_dir)
+
+
+# order matters where two formats accept the same content: vLLM's request files carry
+# speculators' keys, told apart by name (speculators writes hs_{i}.safetensors); Megatron's
+# mp_rank_*.pth and SpecForge's .ckpt are torch archives read before the generic one
+def _torch_archive() -> Format:
+    from consistency.dump.formats import torch_archive as m
+
+    return Format(m.NAME, "a torch.save .pt/.pth/.bin zip archive of named tensors (nested dicts/lists flattened "
+                  "with dots), read without torch", "torch serialization.py (zip format, torch >= 1.6)",
+                  m.sniff, m.open_file)
+
+
+REGISTRY: tuple[Callable[[], Format], ...] = (_vllm, _speculators, _megatron, _torch_archive, _specforge,
+                                              _sglang_tensor_dump, _sglang_dumper)
+
+
 # the content a name promises: a mismatch is refused before any loader sees the file
 EXPECTED = {".safetensors": "safetensors", ".npz": "zip"}
-
-
-MAX_HEADER = 100 * 1024 * 1024  # safetensors' own limit on the JSON header
-
-
-def content_kind(head: bytes) -> str:
-    """What the first bytes say the file is: gzip, zip, pickle, ..., safetensors, or unknown.
-
-    The safetensors shape is tested first: its first 8 bytes are a little-endian header
-    length, and one valid file in 32 has a length whose low byte is 0x80 (pickle's magic).
-    No gzip, zip or pickle stream has '{' at byte 8 after a plausible length."""
-    if len(head) >= 9 and head[8:9] == b"{" and 2 <= int.from_bytes(head[:8], "little") <= MAX_HEADER:
-        return "safetensors"
-    for magic, kind in MAGIC:
-        if head.startswith(magic):
-            return kind
-    return "unknown"
 
 
 def check_content(path: Path, head: bytes) -> None:
@@ -107,10 +136,15 @@ def detect(path: Path) -> Format | None:
         return None
     for make in REGISTRY:
         fmt = make()
-        if fmt.sniff(path, head):
+        if fmt.sniff is not None and fmt.sniff(path, head):
             return fmt
     return None
 
 
-def formats() -> list[Format]:
-    return [make() for make in REGISTRY]
+def detect_dir(path: Path) -> Format | None:
+    """The foreign format of a directory (stock debug dumps are directories), or None."""
+    for make in REGISTRY:
+        fmt = make()
+        if fmt.sniff_dir is not None and fmt.sniff_dir(path):
+            return fmt
+    return None

@@ -37,7 +37,7 @@ from consistency.dump.safetensors_io import open_regular
 from consistency.errors import InputError, UsageError, need
 
 NAME = "specforge"
-SUFFIXES = (".ckpt", ".ckpt.gz", ".pt", ".pth")
+SUFFIXES = (".ckpt", ".ckpt.gz")  # .pt/.pth zips come through the torch-archive reader
 GZIP_MAGIC = b"\x1f\x8b"
 ENV_MAX_GUNZIP = "CONSISTENCY_MAX_GUNZIP_BYTES"
 MAX_GUNZIP_BYTES = 16 * 1024**3  # a gzip bomb stops here (SpecForge samples are ~0.5 GB)

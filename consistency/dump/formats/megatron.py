@@ -1,0 +1,194 @@
+"""Megatron-LM ``--save-activations-interval K``: ``activations/iter_{7d}/mp_rank_{tp:02d}[_{pp:03d}][_{ep:03d}].pth``.
+
+Written by ``megatron/training/activation_logging.py`` (megatron-core 0.18.0 wheel): forward
+hooks on every Linear / Column- / RowParallelLinear / Router / TE linear and norm module
+store ``{"model_chunk0": {"<module>/input{i}" | "/output{i}" | "/<kwarg>": value}}`` and
+``save_grads`` writes one file per (tp, pp, ep) rank (expert-DP rank 0 only). Entries are
+overwritten per microbatch: the file holds the last microbatch of the iteration.
+
+Streams (TE spec, where ``linear_qkv`` is a LayerNorm+Linear taking the raw stream):
+``hidden.l`` = ``decoder.layers.l.self_attention.linear_qkv/input0`` (layout ``[s, b, h]``);
+``decoder.final_layernorm`` is not hooked (``TENorm.__new__`` returns a TE ``RMSNorm``, which
+the isinstance check misses), so ``hidden.N`` is the last layer's input plus its attention
+and MLP outputs (``linear_proj/output0 + linear_fc2/output0``, plus their returned biases),
+and ``final_norm`` is ``output_layer/input0``. Under sequence parallelism each TP rank holds
+``s / tp`` rows of the stream: ranks whose copies differ are concatenated along ``s``.
+The file holds no token ids.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from consistency.contract.models import DumpMetadata, ModelInfo, NormState, RuntimeInfo
+from consistency.dump import names, ptzip
+from consistency.dump.formats import stock
+from consistency.dump.formats.base import ForeignDump, aux_info, memory_view, resolve_claims
+from consistency.dump.reader import TensorView
+from consistency.errors import InputError
+
+NAME = "megatron-activations"
+RANK_FILE = re.compile(r"^mp_rank_(\d{2,4})(?:_(\d{3,4}))?(?:_(\d{3,4}))?\.pth$")
+ITER_DIR = re.compile(r"^iter_(\d{7,9})$")
+QKV = re.compile(r"^decoder\.layers\.(\d{1,6})\.self_attention\.linear_qkv/input0$")
+
+
+def _iter_dir(path: Path) -> Path | None:
+    if ITER_DIR.match(path.name) and _rank_files(path):
+        return path
+    base = path / "activations" if (path / "activations").is_dir() else path
+    try:
+        iters = sorted((int(m.group(1)), p) for p in base.iterdir() if (m := ITER_DIR.match(p.name)) and p.is_dir())
+    except OSError:
+        return None
+    iters = [(i, p) for i, p in iters if _rank_files(p)]
+    return iters[-1][1] if iters else None
+
+
+def _rank_files(d: Path) -> list[Path]:
+    try:
+        return sorted(p for p in d.iterdir() if RANK_FILE.match(p.name) and p.is_file())
+    except OSError:
+        return []
+
+
+def sniff_dir(path: Path) -> bool:
+    return _iter_dir(path) is not None
+
+
+def sniff(path: Path, head: bytes) -> bool:
+    return RANK_FILE.match(path.name) is not None and ITER_DIR.match(path.parent.name) is not None
+
+
+def open_file(path: Path, layer_ids: Sequence[int] | None = None, convention: str | None = None) -> ForeignDump:
+    return _open(path, [path], path.parent, layer_ids, convention)
+
+
+def open_dir(path: Path, layer_ids: Sequence[int] | None = None, convention: str | None = None) -> ForeignDump:
+    d = _iter_dir(path)
+    if d is None:
+        raise InputError(path, "not a Megatron activation log (no activations/iter_*/mp_rank_*.pth)")
+    return _open(path, _rank_files(d), d, layer_ids, convention)
+
+
+def _open(path: Path, files: list[Path], d: Path, layer_ids: Sequence[int] | None,
+          convention: str | None) -> ForeignDump:
+    archives: list[ptzip.Archive] = []
+    try:
+        return _build(path, files, d, archives, layer_ids, convention)
+    except BaseException:
+        for a in archives:
+            a.close()
+        raise
+
+
+def _entries(p: Path, a: ptzip.Archive) -> dict[str, Any]:
+    obj = a.obj
+    if not isinstance(obj, dict) or not obj:
+        raise InputError(p, f"holds a {type(obj).__name__}; a Megatron activation file is {{model_chunkN: {{...}}}}")
+    chunks = sorted(k for k in obj if isinstance(k, str) and k.startswith("model_chunk"))
+    if not chunks:
+        raise InputError(p, f"no model_chunk entries (keys: {', '.join(map(str, list(obj)[:4]))})")
+    out: dict[str, Any] = {}
+    for c in chunks:  # virtual pipeline chunks hold disjoint layers
+        if not isinstance(obj[c], dict):
+            raise InputError(p, f"{c} holds a {type(obj[c]).__name__}, not a dict")
+        for k, v in obj[c].items():
+            if isinstance(k, str):
+                out.setdefault(re.sub(r"^(module\.)+", "", k), v)
+    return out
+
+
+def _sbh(p: Path, key: str, t: Any, fd: int, name: str) -> TensorView:
+    """``[s, b, h]`` -> ``[b*s, h]`` rows, sequence-major per sample (one sample: ``[s, h]``)."""
+    if not isinstance(t, ptzip.PtTensor) or len(t.shape) != 3:
+        raise InputError(p, f"{key} is {getattr(t, 'shape', type(t).__name__)}; expected an [s, b, h] tensor")
+    if t.shape[1] == 1:
+        v = t.view(name, fd)
+        out = memory_view(name, v.read_all().reshape(t.shape[0], t.shape[2]), t.dtype, p) if v._array is not None \
+            else TensorView(name, t.dtype, (t.shape[0], t.shape[2]), v._storage, fd, v._offset, p)
+        return out
+    arr = t.view(name, fd).read_all().transpose(1, 0, 2).reshape(-1, t.shape[2])
+    return memory_view(name, np.ascontiguousarray(arr), t.dtype, p)
+
+
+def _rank_pass(p: Path, a: ptzip.Archive, notes: list[str]) -> tuple[stock.Pass, int | None]:
+    e = _entries(p, a)
+    pas = stock.Pass()
+    layers = sorted(int(m.group(1)) for k in e if (m := QKV.match(k)))
+    for k in layers:
+        key = f"decoder.layers.{k}.self_attention.linear_qkv/input0"
+        pas.put(names.hidden(k), _sbh(p, key, e[key], a.fd, names.hidden(k)), f"megatron {key}")
+    if "output_layer/input0" in e:
+        pas.put(names.FINAL_NORM, _sbh(p, "output_layer/input0", e["output_layer/input0"], a.fd, names.FINAL_NORM),
+                "megatron output_layer/input0", NormState.final_norm)
+    n = layers[-1] + 1 if layers else None
+    if n is not None and "output_layer/input0" in e:
+        last = f"decoder.layers.{n - 1}"
+        keys = [f"{last}.self_attention.linear_qkv/input0", f"{last}.self_attention.linear_proj/output0",
+                f"{last}.self_attention.linear_proj/output1", f"{last}.mlp.linear_fc2/output0",
+                f"{last}.mlp.linear_fc2/output1"]
+        parts = [_sbh(p, k, e[k], a.fd, k) for k in keys if isinstance(e.get(k), ptzip.PtTensor) and len(e[k].shape) == 3]
+        if len(parts) >= 3:
+            pas.put(names.hidden(n), stock.SumView.of(names.hidden(n), parts),
+                    f"megatron {last}: linear_qkv/input0 + linear_proj/output + linear_fc2/output (final_layernorm "
+                    "is not hooked)")
+    return pas, n
+
+
+def _build(path: Path, files: list[Path], d: Path, archives: list[ptzip.Archive], layer_ids: Sequence[int] | None,
+           convention: str | None) -> ForeignDump:
+    notes: list[str] = []
+    by_rank: dict[tuple[int, int, int], stock.Pass] = {}
+    counts: set[int] = set()
+    for p in files:
+        m = RANK_FILE.match(p.name)
+        assert m is not None
+        a = ptzip.open_archive(p)
+        archives.append(a)
+        pas, n = _rank_pass(p, a, notes)
+        tp, pp, ep = int(m.group(1)), int(m.group(2) or 0), int(m.group(3) or 0)
+        by_rank[(pp, ep, tp)] = pas
+        if n is not None:
+            counts.add(n)
+    tps = sorted({tp for _pp, _ep, tp in by_rank})
+    pps = sorted({pp for pp, _ep, _tp in by_rank})
+    eps = sorted({ep for _pp, ep, _tp in by_rank})
+    if tps != list(range(len(tps))) or pps != list(range(len(pps))):
+        raise InputError(d, f"rank files for tp {tps}, pp {pps}: some ranks are missing")
+    stages, replicas = [], {}
+    for pp in pps:
+        group = [by_rank[(pp, eps[0], tp)] for tp in tps if (pp, eps[0], tp) in by_rank]
+        if len(group) != len(tps):
+            raise InputError(d, f"pipeline stage {pp} lacks tensor-parallel rank files")
+        combined, rep, _n = stock.combine_ranks(d, group, tps, split_rows=True)
+        replicas.update(rep)
+        stages.append(combined)
+    if len(eps) > 1:
+        notes.append(f"expert-parallel ranks {eps}: the streams of ep rank {eps[0]} are read (each EP rank's "
+                     "activations come from its own data-parallel micro-batch)")
+    merged = stock.merge_stages(d, stages)
+    n_layers = max(counts) if counts else None
+    tensors, metas = stock.steps(d, [merged], notes)
+    claims = resolve_claims(d, layer_ids, convention, "stream", sorted_slots=True, num_layers=n_layers)
+    notes += claims.notes
+    stock.derive_aux(d, tensors, metas, claims, "Megatron", 1, notes)
+    notes.append("the activation log holds no token ids and only the iteration's last micro-batch; rows are "
+                 "compared in order")
+    streams = stock.stream_ids(tensors)
+    hidden = next((v.cols for k, v in tensors.items() if names.stream_of(k) is not None), None)
+    summary = (f"Megatron activation log, {d.name}, TP {len(tps)}" + (f", PP {len(pps)}" if len(pps) > 1 else "")
+               + (f", EP {len(eps)}" if len(eps) > 1 else "") + f", streams {stock.spans(streams) or 'none'}")
+    meta = DumpMetadata(runtime=RuntimeInfo(name="megatron"),  # a trainer: reference or candidate, as placed
+                        model=ModelInfo(num_layers=n_layers, hidden_size=hidden),
+                        aux=aux_info(claims, len(claims.streams or [])), tensors=metas,
+                        extra={"notes": notes, "source_format": {"tool": NAME, "summary": summary, "tp": len(tps),
+                                                                 "pp": len(pps), "ep": len(eps), "streams": streams}})
+    dump = ForeignDump(d, NAME, tensors, meta, fds=[a.fd for a in archives])
+    dump.replica_checks = replicas
+    return dump

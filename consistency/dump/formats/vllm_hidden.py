@@ -1,0 +1,137 @@
+"""vLLM ``extract_hidden_states``: ``{shared_storage_path}/{req_id}.safetensors``.
+
+``--speculative-config '{"method": "extract_hidden_states", ..., "eagle_aux_hidden_state_layer_ids":
+[...]}'`` with the ``ExampleHiddenStatesConnector`` (vllm 0.17.0 and later) saves
+``{"hidden_states": [T, K, H], "token_ids": [T]}`` per request: the aux states vLLM would
+feed an EAGLE-3 draft for the configured ids, in ascending id order, id k being stream k
+(``hidden + residual``, pre-final-norm). It is the layout speculators' ``hs_{i}.safetensors``
+uses, without speculators' convention that the last slot is the verifier's last state:
+every slot is ``aux.{i}``. The two are told apart by the file name: a vLLM request id
+(``0-1a2b3c4d.safetensors``, ``cmpl-<uuid>.safetensors``) is this reader's, any other name
+speculators'. Version limits come
+from the capture-limit table: before 0.18 id 0 fails and id N is never reached.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Sequence
+from pathlib import Path
+
+from consistency.contract import conventions
+from consistency.contract.models import DumpMetadata, ModelInfo, RuntimeInfo
+from consistency.dump import dtypes, names, safetensors_io
+from consistency.dump.formats import speculators
+from consistency.dump.formats.base import ForeignDump, aux_info, resolve_claims, split_slots, tensor_meta
+from consistency.dump.reader import META_KEY, TensorView
+from consistency.errors import InputError, UsageError
+
+NAME = "vllm-extract-hidden-states"
+# what ExampleHiddenStatesConnector names its files: vLLM request ids (offline "0", "1", ...; the
+# OpenAI server's cmpl-/chatcmpl-<uuid>), with the "-<8 hex>" suffix the engine appends since 0.11
+REQUEST_NAME = re.compile(r"^(?:(?:chat)?cmpl-[0-9A-Za-z-]{1,80}|\d{1,12})(?:-[0-9a-f]{8})?\.safetensors$")
+
+
+def sniff(path: Path, head: bytes) -> bool:
+    """Exactly ``hidden_states`` and ``token_ids`` in a file named as vLLM names request files;
+    any other name with these keys is speculators' layout (its ``hs_{i}``, or a renamed copy)."""
+    if REQUEST_NAME.match(path.name) is None or head[:2] == b"PK" or len(head) < 8:
+        return False
+    try:
+        hdr = safetensors_io.read_header(path)
+    except InputError:
+        return False
+    return META_KEY not in hdr.metadata and set(hdr.entries) == speculators.KEYS
+
+
+def sniff_dir(path: Path) -> bool:
+    return bool(_requests(path))
+
+
+def _requests(path: Path) -> list[Path]:
+    try:
+        files = sorted(p for p in path.iterdir() if p.name.endswith(".safetensors") and p.is_file())
+    except OSError:
+        return []
+    out = []
+    for p in files[:4096]:
+        try:
+            with open(p, "rb") as fh:
+                head = fh.read(16)
+        except OSError:
+            continue
+        if sniff(p, head):
+            out.append(p)
+    return out
+
+
+def open_dir(path: Path, layer_ids: Sequence[int] | None = None, convention: str | None = None) -> ForeignDump:
+    files = _requests(path)
+    if len(files) != 1:
+        raise InputError(path, f"holds {len(files)} extract_hidden_states request files "
+                         f"({', '.join(p.name for p in files[:3])}{', ...' if len(files) > 3 else ''}): name the one "
+                         "whose prompt the reference recorded")
+    return open_file(files[0], layer_ids, convention)
+
+
+def open_file(path: Path, layer_ids: Sequence[int] | None = None, convention: str | None = None) -> ForeignDump:
+    fd = safetensors_io.open_regular(path)
+    try:
+        return _build(path, fd, layer_ids, convention)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _build(path: Path, fd: int, layer_ids: Sequence[int] | None, convention: str | None) -> ForeignDump:
+    hdr = safetensors_io.parse_header(path, fd)
+    hs, tok = hdr.entries.get("hidden_states"), hdr.entries.get("token_ids")
+    if hs is None or tok is None or len(hs.shape) != 3 or not dtypes.is_float(hs.dtype):
+        raise InputError(path, "not an extract_hidden_states file: expected hidden_states [tokens, ids, hidden] (float) "
+                         "and token_ids [tokens]")
+    t, k, h = hs.shape
+    if len(tok.shape) != 1 or tok.shape[0] != t or dtypes.is_float(tok.dtype):
+        raise InputError(path, f"token_ids is {tok.dtype}{list(tok.shape)}; expected {t} integer ids")
+    notes: list[str] = []
+    spec = convention or "vllm"
+    claims = resolve_claims(path, layer_ids, spec, "vllm", sorted_slots=True)
+    notes += claims.notes
+    if claims.streams is not None:
+        _check_version(path, spec, claims.streams, k, notes)
+    storage = dtypes.BY_NAME[hs.dtype].storage
+    flat = TensorView("hidden_states", hs.dtype, (t, k * h), storage, fd, hs.begin, path)  # type: ignore[arg-type]
+    tensors: dict[str, TensorView] = {}
+    metas = {}
+    ids = TensorView(names.INPUT_IDS, tok.dtype, tok.shape, dtypes.BY_NAME[tok.dtype].storage, fd, tok.begin,  # type: ignore[arg-type]
+                     path)
+    tensors[names.INPUT_IDS], metas[names.INPUT_IDS] = ids, tensor_meta(ids, "vllm token_ids")
+    for i, v in enumerate(split_slots(flat, k)):
+        tensors[v.name] = v
+        metas[v.name] = tensor_meta(v, f"vllm extract_hidden_states hidden_states[:, {i}]")
+    if claims.streams is None:
+        notes.append("no --layer-ids: the slots' streams are not claimed; compare identifies them from the values")
+    meta = DumpMetadata(side="serving", runtime=RuntimeInfo(name="vllm"), model=ModelInfo(hidden_size=h, dtype=hs.dtype),
+                        aux=aux_info(claims, k), tensors=metas,
+                        extra={"notes": notes, "source_format": {
+                            "tool": NAME, "summary": f"vLLM extract_hidden_states, {t} tokens, {k} slots of {h}"
+                            + (f" (streams {claims.streams})" if claims.streams else "")}})
+    return ForeignDump(path, NAME, tensors, meta, fds=[fd])
+
+
+def _check_version(path: Path, spec: str, streams: list[int], k: int, notes: list[str]) -> None:
+    """Ids a version cannot capture (capture-limit table): 0.17 fails at id 0 and never reaches N."""
+    version = None
+    if "@" in spec:
+        try:
+            version = conventions.parse_version(spec.split("@", 1)[1])
+        except ValueError:
+            raise UsageError(f"--convention {spec}: not a version") from None
+    limit = conventions.capture_limit("vllm", version, None)
+    if len(streams) != k:
+        raise InputError(path, f"--layer-ids gives {len(streams)} ids but the file has {k} slots")
+    if limit is not None and limit.first == "error" and 0 in streams:
+        raise InputError(path, f"--layer-ids include 0, which vLLM {spec.split('@')[-1]} cannot capture "
+                         f"({limit.source}): the file was not written with these ids")
+    if limit is not None and limit.last == "dropped":
+        notes.append(f"vLLM {spec.split('@')[-1]} never captures the last layer's output ({limit.source})")
