@@ -66,7 +66,7 @@ class CompareRequest:
         if conv:  # an unknown name is a usage error even when no ids use it
             from consistency.contract.resolve import check_spec
 
-            check_spec(conv)
+            check_spec(conv, "convention")
         progress = options.get("progress")
         options["progress"] = progress if callable(progress) else None
         return cls(reference, candidate, **options)
