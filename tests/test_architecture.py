@@ -75,3 +75,66 @@ def test_no_cycles_between_packages():
 def test_no_module_past_400_lines():
     long = {str(f.relative_to(ROOT)): n for f in PKG.rglob("*.py") if (n := len(f.read_text().splitlines())) > MAX_LINES}
     assert not long, long
+
+
+def _module_of(f: Path) -> str:
+    rel = f.relative_to(ROOT).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def _file_edges() -> dict[str, set[str]]:
+    """module -> modules it imports (any import, type-only ones included: a circle is a
+    circle whether or not it bites at run time)."""
+    mods = {_module_of(f): f for f in PKG.rglob("*.py")}
+    edges: dict[str, set[str]] = defaultdict(set)
+    for mod, f in mods.items():
+        pkg = mod if f.name == "__init__.py" else mod.rsplit(".", 1)[0]
+        for node in ast.walk(ast.parse(f.read_text(), str(f))):
+            targets: list[str] = []
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    up = pkg.split(".")[: len(pkg.split(".")) - node.level + 1]
+                    base = ".".join(up + ([base] if base else []))
+                targets = [base] + [f"{base}.{a.name}" for a in node.names]
+            for t in targets:
+                if t in mods and t != mod and not mod.startswith(t + "."):
+                    edges[mod].add(t)
+    return edges
+
+
+def test_no_import_circle_between_files():
+    edges = _file_edges()
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(n: str) -> None:
+        state[n] = 1
+        stack.append(n)
+        for m in sorted(edges.get(n, ())):
+            if m.endswith("__init__") or (n.startswith(m + ".")):
+                continue
+            assert state.get(m) != 1, "import circle: " + " -> ".join(stack[stack.index(m):] + [m])
+            if m not in state:
+                visit(m)
+        stack.pop()
+        state[n] = 2
+
+    for n in sorted(edges):
+        if n not in state:
+            visit(n)
+
+
+def test_compare_and_dump_never_word_findings():
+    """Words only in diagnose: compare/ and dump/ return data, never contract.findings."""
+    for f in list((PKG / "compare").rglob("*.py")) + list((PKG / "dump").rglob("*.py")):
+        for node in ast.walk(ast.parse(f.read_text(), str(f))):
+            mods = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            assert not any(m == "consistency.contract.findings" for m in mods), \
+                f"{f.relative_to(ROOT)} imports consistency.contract.findings: words belong in diagnose/"

@@ -30,8 +30,7 @@ from typing import Any
 import numpy as np
 
 from consistency.compare.tokenizer import load_tokenizer
-from consistency.compare.tokens import Side, Span, TokenAlignment, align
-from consistency.dump import names
+from consistency.compare.tokens import Side, TokenAlignment, align
 from consistency.dump.reader import Dump
 from consistency.dump.rows import restrict
 from consistency.dump.stitch import Layout, stitch

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from consistency.contract import sglang_drafts as SD
 from consistency.contract.conventions import (CAPTURE_LIMITS, ID_SOURCES, REGISTRY, VLLM_V2_ALL, VLLM_V2_DENSE,
                                               VLLM_V2_MOE_ARCHS, CaptureLimit, Convention, IdSource)
-from consistency.contract.resolve import resolve, streams_of
+from consistency.contract.resolve import streams_of
 from consistency.contract.versions import Version, VersionRange, just_below, parse_spec, vtext
 
 

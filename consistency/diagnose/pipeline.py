@@ -7,13 +7,10 @@ another command).
 
 from __future__ import annotations
 
-import math
 import os
-from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from consistency.contract.ids import parse_ids  # noqa: F401 - re-exported for the CLI
-from consistency.errors import UsageError
 
 if TYPE_CHECKING:
     from consistency.compare.request import CompareRequest

@@ -58,6 +58,3 @@ def read_names() -> str:
     return ("a dump (.safetensors or .npz), a rank set, speculators hs_*.safetensors, vLLM extract_hidden_states, "
             "SpecForge .ckpt[.gz], or a directory of SGLang tensor-dump / dumper or Megatron activation files")
 
-
-def formats() -> list[Format]:
-    return [make() for make in REGISTRY]

@@ -239,7 +239,7 @@ def _speculators_model(info: ServeInfo) -> None:
     engine/arg_utils.py create_engine_config; older releases: EngineArgs.create_speculative_config)."""
     from pathlib import Path
 
-    from consistency.lint.configs import dig, read_json
+    from consistency.lint.configs import read_json
 
     model = info.target_model
     if not model or not (Path(model) / "config.json").is_file():

@@ -11,62 +11,21 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from consistency import __version__
-from consistency.contract.findings import Finding, verdict_of
 from consistency.errors import InputError, UsageError
 from consistency.replay.chain import run_chain
 from consistency.replay.load import LoadedDraft, TargetParts, load_draft
-from consistency.replay.report import DraftSummary, Drop, ReplayReport, SideReplay, StepStats
+from consistency.replay.report import ReplayReport
+from consistency.replay.scoring import Scored, build_report, choose_feed, load_target, score, summarize_draft  # noqa: F401 - re-exported
 from consistency.replay.checks import check_sides, common_tokens
 from consistency.replay.sides import Side, read_side, truncate
 
 DEFAULT_STEPS = 3
-WEAK_TOP1 = 0.2  # below this on the reference, a drop means little
-GREEDY_EXACT = 0.9
-
-
-@dataclass
-class Scored:
-    hits: torch.Tensor  # [K, anchors] bool (False where not verifiable)
-    top1: float
-    rate: float
-    length: float
-    per_step: list[StepStats]
-    anchors: int
-
-
-def score(proposals: torch.Tensor, labels: torch.Tensor) -> Scored:
-    """``proposals`` [K, T-1] target ids per anchor; ``labels`` [T] (-1 = unknown)."""
-    k_steps, n = proposals.shape
-    t = labels.shape[0]
-    hits = torch.zeros(k_steps, n, dtype=torch.bool)
-    for k in range(k_steps):
-        m = n - k  # anchors i with i + k + 1 <= t - 1
-        if m > 0:
-            y = labels[k + 1: k + 1 + m]
-            hits[k, :m] = (proposals[k, :m] == y) & (y >= 0)
-    valid1 = labels[1:] >= 0
-    top1 = float(hits[0][valid1].float().mean()) if valid1.any() else 0.0
-    known = t if int(labels[-1]) >= 0 else t - 1  # labels from input_ids lack the last one
-    full = max(0, known - k_steps)  # anchors whose whole chain is verifiable
-    lead = torch.cumprod(hits[:, :full].int(), dim=0)  # 1 while every step so far was accepted
-    accepted = lead.sum(0).float()
-    per_step, reached = [], full
-    for k in range(k_steps):
-        acc = int(lead[k].sum())
-        per_step.append(StepStats(step=k + 1, reached=reached, accepted=acc,
-                                  conditional=acc / reached if reached else None,
-                                  cumulative=acc / full if full else None))
-        reached = acc
-    rate = float(accepted.mean()) / k_steps if full else 0.0
-    length = 1.0 + float(accepted.mean()) if full else 1.0
-    return Scored(hits, top1, rate, length, per_step, full)
 
 
 @torch.no_grad()
@@ -81,33 +40,6 @@ def replay_side(draft: LoadedDraft, side: Side, steps: int, feed: str = "own") -
         raise InputError(side.path, f"token ids outside the draft's target vocabulary 0..{vt - 1}")
     out = run_chain(draft.model, aux, nxt, steps, feed=feed, teacher=teacher)
     return score(out.tokens[:, 0], side.labels)
-
-
-def summarize_draft(d: LoadedDraft) -> DraftSummary:
-    c, m = d.config, d.model
-    return DraftSummary(path=str(d.path), layout=c.layout, hidden_size=c.hidden_size, target_hidden_size=m.target_hidden,
-                        num_aux=m.num_aux, num_layers=len(m.layers), draft_vocab_size=m.draft_vocab,
-                        target_vocab_size=m.target_vocab, norm_before_residual=c.norm_before_residual,
-                        norm_before_fc=c.norm_before_fc, fc_norm=c.fc_norm, norm_output=c.norm_output,
-                        aux_layer_ids=c.aux_layer_ids, aux_ids_meaning=c.aux_ids_meaning, sources=d.sources)
-
-
-def side_report(side: Side, s: Scored) -> SideReplay:
-    return SideReplay(path=str(side.path), tokens=len(side.ids), anchors=s.anchors, slots=side.slots,
-                      claimed_streams=side.claimed, aux_dtype=side.aux_dtype, label_source=side.label_source,  # type: ignore[arg-type]
-                      greedy_agreement=side.greedy_agreement, top1=s.top1, acceptance_rate=s.rate,
-                      accept_length=s.length, per_step=s.per_step, hits=[int(x) for x in s.hits[0].tolist()])
-
-
-def load_target(spec: str | None) -> Any | None:
-    if spec is None:
-        return None
-    from transformers.utils import logging as hf_logging
-
-    from consistency.record.models import load_model
-
-    hf_logging.disable_progress_bar()  # stderr stays one line per problem (CI logs)
-    return load_model(spec)
 
 
 def run_replay(draft: str | Path, target: str | Any | None, reference: str | Path, candidate: str | Path,
@@ -174,72 +106,3 @@ def run_replay(draft: str | Path, target: str | Any | None, reference: str | Pat
     return rep
 
 
-def choose_feed(feed: str, sides: tuple[Side, ...]) -> tuple[str, str | None]:
-    """``auto``: the draft's own proposals when every dump is the target's own greedy text
-    (then own and recorded tokens coincide on every accepted prefix, so the result is what a
-    runtime gets), else the recorded tokens, the only choice whose labels match the context."""
-    if feed != "auto":
-        return feed, None
-    greedy = all(s.label_source == "input_ids" or (s.greedy_agreement or 0.0) >= GREEDY_EXACT for s in sides)
-    if greedy:
-        return "own", None
-    worst = min(s.greedy_agreement or 0.0 for s in sides)
-    return "teacher", (f"only {100 * worst:.0f}% of the recorded next tokens are the target's own, so chained steps "
-                       "were fed the recorded tokens (the context the target's labels were computed on); on greedily "
-                       "generated text this equals feeding the draft's own proposals, as runtimes do")
-
-
-def build_report(d: LoadedDraft | Any, tname: str | None, ref: Side, cand: Side, rs: Scored, cs: Scored, k: int, feed: str,
-                 max_drop: float, seconds: float, min_acceptance: float | None = None,
-                 draft_summary: DraftSummary | None = None) -> ReplayReport:
-    n = min(rs.hits.shape[1], cs.hits.shape[1])
-    same_tokens = len(ref.ids) == len(cand.ids) and torch.equal(ref.ids, cand.ids)
-    lost = int((rs.hits[0, :n] & ~cs.hits[0, :n]).sum()) if same_tokens else 0
-    gained = int((~rs.hits[0, :n] & cs.hits[0, :n]).sum()) if same_tokens else 0
-    drop = Drop(top1_points=100 * (rs.top1 - cs.top1), acceptance_points=100 * (rs.rate - cs.rate),
-                accept_length=rs.length - cs.length, speedup_ratio=cs.length / rs.length if rs.length else None,
-                lost=lost, gained=gained)
-    findings: list[Finding] = []
-    notes = list(d.notes)
-    for s in (ref, cand):
-        if len(s.ids) <= k + 1:
-            notes.append(f"{s.path.name} has {len(s.ids)} tokens: too few for a chain of {k} verifiable steps")
-    if not same_tokens:
-        notes.append("the dumps hold different tokens: accuracies are compared as totals, not position by position")
-    worst = max(drop.top1_points, drop.acceptance_points)
-    line = (f"top-1 {100 * rs.top1:.1f}% -> {100 * cs.top1:.1f}%, acceptance {100 * rs.rate:.1f}% -> {100 * cs.rate:.1f}%, "
-            f"accept length {rs.length:.2f} -> {cs.length:.2f} (K={k})")
-    if worst > max_drop:
-        findings.append(Finding.make(
-            "ACCEPTANCE_DROP", f"replayed on the candidate, the draft loses {worst:.1f} points (limit {max_drop:g}): {line}",
-            metrics=drop.model_dump()))
-    else:
-        findings.append(Finding.make("OK", f"the candidate is within {max_drop:g} points of the reference: {line}",
-                                     metrics=drop.model_dump()))
-    if min_acceptance is not None and cs.rate < min_acceptance:
-        findings.append(Finding.make(
-            "ACCEPTANCE_LOW", f"predicted acceptance on the candidate is {100 * cs.rate:.1f}%, below the required "
-            f"{100 * min_acceptance:.1f}% (accept length {cs.length:.2f}, K={k})", tensor=str(cand.path)))
-    if rs.top1 < WEAK_TOP1:
-        findings.append(Finding.make(
-            "DRAFT_WEAK", f"the draft's top-1 accuracy on the reference is only {100 * rs.top1:.1f}%",
-            tensor=str(ref.path)))
-    for s in (ref, cand):
-        if feed == "own" and s.greedy_agreement is not None and s.greedy_agreement < GREEDY_EXACT and k > 1:
-            findings.append(Finding.make(
-                "REPLAY_ESTIMATE", f"{s.path.name}: {100 * s.greedy_agreement:.0f}% of recorded next tokens are the "
-                f"target's own; steps 2..{k} are scored against the target's choice after the recorded tokens",
-                tensor=str(s.path)))
-    verdict = verdict_of(findings)
-    if worst > max_drop:
-        summary = f"candidate loses {worst:.1f} points: {line}"
-    elif verdict == "fail":
-        summary = f"acceptance below the floor of {100 * (min_acceptance or 0):.0f}%: {line}"
-    else:
-        summary = f"no acceptance drop: {line}"
-    return ReplayReport(version=__version__, verdict=verdict, summary=summary, steps=k, feed=feed,  # type: ignore[arg-type]
-                        max_drop_points=max_drop, min_acceptance=min_acceptance,
-                        draft=draft_summary or summarize_draft(d), method=draft_summary.method if draft_summary else "eagle3",
-                        target=tname,
-                        reference=side_report(ref, rs), candidate=side_report(cand, cs), drop=drop,
-                        findings=findings, notes=notes, seconds=seconds)

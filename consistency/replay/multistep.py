@@ -152,7 +152,7 @@ def replay_multistep(method: str, draft: str | Path, target: str | Any | None, r
                      min_acceptance: float | None, layer_ids: Sequence[int] | None,
                      convention: str | None) -> ReplayReport:
     """The MTP / EAGLE-1 counterpart of :func:`consistency.replay.engine.run_replay`."""
-    from consistency.replay.engine import build_report, choose_feed, load_target, score
+    from consistency.replay.scoring import build_report, choose_feed, load_target, score
 
     t0 = time.perf_counter()
     if target is None and method == "mtp" and (Path(draft) / "config.json").is_file():
