@@ -68,9 +68,9 @@ def f_streams_only(st, sc, train, t, rng):  # noqa: ANN001, ANN201
         claims = None
         labels = [("stream", s) for s in train]
         labels[1] = ("mlp", train[1] - 1)
-    elif sc.variant == "agree":
+    elif sc.variant == "agree":  # the candidate claims what it holds: a side never certifies itself (issue 24)
         labels = [("stream", s) for s in train]
-        exp = Expect("pass")
+        exp = Expect("fail", frozenset({"EXPECTATION_UNKNOWN"}))
     cand, cl = F._cand(st, labels, t, rng)
     exp.slots = [F.slot_expect(i, lab, rl, sc, not_ok=exp.verdict == "fail" and lab != ("stream", train[i]))
                  for i, lab in enumerate(labels)]
