@@ -45,9 +45,16 @@ def finding(ev: Evidence, r: Result) -> tuple[list[Finding], int | None]:
             stream = r.holds_stream
             what = f"holds {ev.stream_name(held)}" if held else "matches no recorded tensor within its noise floor"
             d = r.metrics.token_rel_diff if r.metrics else 0.0
+            gap = r.ident.gap if r.ident else None
+            blind = gap is None or (r.floor is not None and r.floor >= gap)  # it cannot tell the neighbour apart
+            why = (f"; the tolerance is at or above the gap to the nearest other stream ({gap:.3g}), so it cannot "
+                   "tell the expected stream from its neighbour: nothing was verified" if gap is not None and blind
+                   else "; the reference records no neighbouring stream to tell it from, so nothing was verified"
+                   if blind else "")
             out.append(Finding.make("TOLERATED", f"{label} passes {r.floor_why} (token rel_diff {d:.3g}, beyond its "
-                                    f"noise floor) but {what}; expected {ev.stream_name(r.expected or '')}",
-                                    identified_as=held, metrics=metrics, **base))
+                                    f"noise floor) but {what}; expected {ev.stream_name(r.expected or '')}{why}",
+                                    severity=Severity.error if blind else None, identified_as=held, metrics=metrics,
+                                    **base))
             return out, stream
         out.append(Finding.make("OK", f"{label} matches {r.expected} (token rel_diff "
                                 f"{r.metrics.token_rel_diff:.2e} <= {r.floor:.1e}, {r.floor_why})" if r.metrics else
