@@ -58,9 +58,17 @@ PINS: dict[tuple[str, str], tuple[str, str, tuple[str, ...]]] = {
                          "4b6bdec4ab269990bf70d45a3c1e94c3760a27064513760193b26d6f0da883aa",
                          ("manylinux_2_28_x86_64",)),
 }
-# members unpacked: what the patches (+++ b/...) and the quoted sources name, and their neighbours
-PREFIXES = ("sglang/srt/models/", "sglang/srt/layers/aux_hidden_states.py", "vllm/model_executor/models/")
+# members unpacked: what the patches (+++ b/...) and the quoted sources name, and their neighbours;
+# and the CUDA-graph runners the graph-safe hooks wrap (consistency/record/graph_runners.py)
+PREFIXES = ("sglang/srt/models/", "sglang/srt/layers/aux_hidden_states.py", "vllm/model_executor/models/",
+            "sglang/srt/model_executor/cuda_graph_runner.py", "sglang/srt/model_executor/forward_batch_info.py",
+            "sglang/srt/model_executor/runner/", "sglang/srt/model_executor/runner_backend/full_cuda_graph_backend.py",
+            "sglang/srt/speculative/eagle_draft_cuda_graph_runner.py",
+            "sglang/srt/speculative/eagle_draft_extend_cuda_graph_runner.py",
+            "vllm/v1/worker/gpu_model_runner.py", "vllm/compilation/cuda_graph.py")
 MARK = ".consistency-sha256"  # written last: a tree holding it was fully unpacked from the pinned wheel
+# the mark holds the wheel's sha256 and a digest of PREFIXES: a tree unpacked with fewer members is redone
+MEMBERS = hashlib.sha256(repr(PREFIXES).encode()).hexdigest()[:16]
 
 
 def default_cache() -> Path:
@@ -110,14 +118,14 @@ def unpack(whl: Path, digest: str, tree: Path) -> int:
             dst.parent.mkdir(parents=True, exist_ok=True)
             dst.write_bytes(z.read(info))
             n += 1
-    (tree / MARK).write_text(digest + "\n")
+    (tree / MARK).write_text(f"{digest}\n{MEMBERS}\n")
     return n
 
 
 def fetch(pkg: str, version: str, cache: Path) -> str:
     name, digest, _ = PINS[(pkg, version)]
     tree = cache / f"{pkg}-{version}"
-    if (tree / MARK).is_file() and (tree / MARK).read_text().strip() == digest:
+    if (tree / MARK).is_file() and (tree / MARK).read_text().split() == [digest, MEMBERS]:
         return f"{pkg} {version}: cached in {tree}"
     t0 = time.perf_counter()
     whl = download(pkg, version, cache / "wheels")
