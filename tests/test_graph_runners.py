@@ -69,7 +69,7 @@ def test_sglang_runners_have_what_the_hooks_read(version):
         if not module.startswith("sglang."):
             continue
         defined = _classes(tree, module)
-        for name, (capture, replay, _sizes) in classes.items():
+        for name, (capture, replay, _sizes, _ends) in classes.items():
             if name in defined:
                 found[name] = defined[name]
                 meths = _methods(defined[name])
@@ -101,6 +101,7 @@ def test_vllm_runner_has_what_the_hooks_read(version):
     meths = _methods(runner)
     assert [a.arg for a in meths["_warmup_and_capture"].args.args][:2] == ["self", "desc"]
     assert "num_tokens_unpadded" in [a.arg for a in meths["_get_slot_mappings"].args.args]
+    assert "_model_forward" in meths
     body = meths["execute_model"]
     calls = {n.func.attr: n.lineno for n in ast.walk(body) if isinstance(n, ast.Call) and
              isinstance(n.func, ast.Attribute) and n.func.attr in ("_get_slot_mappings", "_model_forward")}
@@ -237,10 +238,15 @@ def test_vllm_sizes_reach_the_next_replay(tmp_path):
                                ubatch_slices: object = None) -> tuple:
             return None, None
 
+        def _model_forward(self, replay: bool) -> None:  # the target: a replay, or an eager forward
+            if replay:
+                self.g.replay()
+
     from consistency.record import capture
 
     TARGET = TARGETS["vllm.v1.worker.gpu_model_runner"]["GPUModelRunner"]
-    assert patch_runner(Runner, *TARGET, runtime="vllm") == ["_warmup_and_capture", "_get_slot_mappings"]
+    assert patch_runner(Runner, *TARGET, runtime="vllm") == ["_warmup_and_capture", "_get_slot_mappings",
+                                                             "_model_forward"]
     graphs.enable(hook_torch=False)
     r = Runner()
     r.buf = torch.arange(8 * 3, dtype=torch.float32).view(8, 3)
@@ -249,8 +255,10 @@ def test_vllm_sizes_reach_the_next_replay(tmp_path):
             r._warmup_and_capture(SimpleNamespace(num_tokens=8, num_reqs=8))
             for real in (5, 8, 0, 2):
                 r._get_slot_mappings(num_tokens_padded=8, num_reqs_padded=8, num_tokens_unpadded=real)
-                r.g.replay()
-            r.g.replay()  # a replay with no sizes given: kept whole, and the tag says untrimmed
+                r._model_forward(True)
+            r._get_slot_mappings(num_tokens_padded=8, num_reqs_padded=8, num_tokens_unpadded=3)
+            r._model_forward(False)  # an eager target forward: its sizes are not the drafter's
+            r.g.replay()  # the drafter's replay after it: no sizes, kept whole, and the tag says untrimmed
     finally:
         graphs.disable()
     rows = [rec.tensors[k][0].shape[0] for k in ("aux.0", "aux.0#2", "aux.0#3", "aux.0#4")]

@@ -35,18 +35,20 @@ from typing import Any
 from consistency.record import graphs
 from consistency.record.graph_plan import Replay
 
-# module -> class -> (capture methods, replay methods, real-size methods): any that the class defines
+# module -> class -> (capture, replay, real-size, forward-end methods): any of each that the class defines
 SGLANG_CAPTURE = ("capture_one_batch_size", "capture_one_shape")
 SGLANG_REPLAY = ("replay", "execute")
-TARGETS: dict[str, dict[str, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]]] = {
-    "sglang.srt.model_executor.cuda_graph_runner": {"CudaGraphRunner": (SGLANG_CAPTURE, SGLANG_REPLAY, ())},
-    "sglang.srt.model_executor.runner.decode_cuda_graph_runner": {
-        "DecodeCudaGraphRunner": (SGLANG_CAPTURE, SGLANG_REPLAY, ())},
-    "sglang.srt.speculative.eagle_draft_cuda_graph_runner": {
-        "EAGLEDraftCudaGraphRunner": (SGLANG_CAPTURE, SGLANG_REPLAY, ())},
-    "sglang.srt.speculative.eagle_draft_extend_cuda_graph_runner": {
-        "EAGLEDraftExtendCudaGraphRunner": (SGLANG_CAPTURE, SGLANG_REPLAY, ())},
-    "vllm.v1.worker.gpu_model_runner": {"GPUModelRunner": (("_warmup_and_capture",), (), ("_get_slot_mappings",))},
+Spec = tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...], tuple[str, ...]]
+SGLANG: Spec = (SGLANG_CAPTURE, SGLANG_REPLAY, (), ())
+TARGETS: dict[str, dict[str, Spec]] = {
+    "sglang.srt.model_executor.cuda_graph_runner": {"CudaGraphRunner": SGLANG},
+    "sglang.srt.model_executor.runner.decode_cuda_graph_runner": {"DecodeCudaGraphRunner": SGLANG},
+    "sglang.srt.speculative.eagle_draft_cuda_graph_runner": {"EAGLEDraftCudaGraphRunner": SGLANG},
+    "sglang.srt.speculative.eagle_draft_extend_cuda_graph_runner": {"EAGLEDraftExtendCudaGraphRunner": SGLANG},
+    # the target forward ends in _model_forward: sizes not used by then are dropped, so the
+    # drafter's graphs (replayed after it) never take the target's real token count
+    "vllm.v1.worker.gpu_model_runner": {
+        "GPUModelRunner": (("_warmup_and_capture",), (), ("_get_slot_mappings",), ("_model_forward",))},
 }
 PER_REQUEST = ("num_tokens_per_bs", "captured_req_width")  # SGLang: token rows per request in a graph
 
@@ -142,8 +144,21 @@ def _wrap_sizes(cls: type, name: str, _runtime: str) -> None:
     setattr(cls, name, sizes)
 
 
+def _wrap_end(cls: type, name: str, _runtime: str) -> None:
+    orig = cls.__dict__[name]
+
+    @functools.wraps(orig)
+    def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return orig(self, *args, **kwargs)
+        finally:
+            graphs.expect(None)
+
+    setattr(cls, name, forward)
+
+
 def patch_runner(cls: type, capture: tuple[str, ...], replay: tuple[str, ...], sizes: tuple[str, ...],
-                 runtime: str | None = None) -> list[str]:
+                 ends: tuple[str, ...] = (), runtime: str | None = None) -> list[str]:
     """Wrap the methods ``cls`` itself defines (a subclass's own override is wrapped on its
     class); once per class. ``runtime`` starts the graphs' labels (default: the class's
     top-level package). Returns what was wrapped."""
@@ -151,7 +166,7 @@ def patch_runner(cls: type, capture: tuple[str, ...], replay: tuple[str, ...], s
     if cls.__dict__.get("_consistency_graph_patched"):
         return []
     done = []
-    for names, wrap in ((capture, _wrap_capture), (replay, _wrap_replay), (sizes, _wrap_sizes)):
+    for names, wrap in ((capture, _wrap_capture), (replay, _wrap_replay), (sizes, _wrap_sizes), (ends, _wrap_end)):
         for name in names:
             if callable(cls.__dict__.get(name)):
                 wrap(cls, name, runtime)

@@ -192,8 +192,9 @@ def replay_sizes(real_tokens: int | None = None, real_bs: int | None = None) -> 
         _tls.sizes = prev
 
 
-def expect(sizes: Replay) -> None:
-    """The next replay on this thread has these sizes (a runtime hook that learns them early)."""
+def expect(sizes: Replay | None) -> None:
+    """The next replay on this thread has these sizes (a runtime hook that learns them early);
+    None drops sizes no replay took."""
     _tls.next_sizes = sizes
 
 
