@@ -22,7 +22,7 @@ import os
 import sys
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -38,6 +38,8 @@ ENV_FORCE = "CONSISTENCY_FORCE"  # "1": the environment recorder may overwrite a
 
 _active: Recorder | None = None
 _lock = threading.Lock()
+# graph-safe mode (consistency/record/graphs.py) sets this: (recorder, name, tensor, producer, meta) -> taken
+graph_hook: Callable[[Recorder, str, Any, str | None, dict[str, Any]], bool] | None = None
 
 
 def dist_info() -> tuple[int | None, int | None]:
@@ -274,6 +276,8 @@ def capture(name: str, tensor: Any, producer: str | None = None, positions: Any 
             return
     if positions is not None:
         meta["positions"] = positions
+    if graph_hook is not None and graph_hook(rec, name, tensor, producer, meta):
+        return  # inside a CUDA-graph capture: buffered, drained after each replay
     rec.capture(name, tensor, producer, **meta)
 
 
