@@ -42,7 +42,7 @@ def test_install_without_torch_unless_replay_is_declared(tmp_path: Path) -> None
     rc, out, log = action("install", "--dry-run", "--config", replay, "--version", "v0.1.0", tmp=tmp_path)
     assert rc == 0 and out["replay"] == "true"
     assert log.strip().splitlines() == ["+ -m pip install -q torch --index-url https://download.pytorch.org/whl/cpu",
-                                        "+ -m pip install -q consistency[hf]==0.1.0"]
+                                        "+ -m pip install -q specdec-consistency[hf]==0.1.0"]
     url = "git+https://example.invalid/consistency@main"
     rc, _out, log = action("install", "--dry-run", "--config", plain, "--version", url, tmp=tmp_path)
     assert log.strip() == f"+ -m pip install -q {url}"

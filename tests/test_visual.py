@@ -278,7 +278,7 @@ def test_png_without_matplotlib_is_one_line_usage_error(seed, tmp_path):
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                        env={**os.environ, "NO_COLOR": "1"})
     assert r.returncode == 2, r.stderr
-    assert "pip install 'consistency[report]'" in r.stderr and r.stderr.count("\n") == 1
+    assert "pip install 'specdec-consistency[report]'" in r.stderr and r.stderr.count("\n") == 1
     assert not (tmp_path / "p").exists()
 
 

@@ -46,8 +46,8 @@ def pil():  # noqa: ANN201
         from PIL import Image
     except ImportError:
         if os.environ.get("CONSISTENCY_REQUIRE_BROWSER"):
-            pytest.fail("Pillow is needed to read the screenshot: pip install 'consistency[report]'")
-        pytest.skip("Pillow is needed to read the screenshot (pip install 'consistency[report]')")
+            pytest.fail("Pillow is needed to read the screenshot: pip install 'specdec-consistency[report]'")
+        pytest.skip("Pillow is needed to read the screenshot (pip install 'specdec-consistency[report]')")
     return Image
 
 
