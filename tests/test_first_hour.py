@@ -176,3 +176,20 @@ def test_max_drop_points_is_one_name_across_api_cli_and_gate(shifted: tuple[Path
         assert r.returncode == 0 and r.stdout.startswith("PASS  drop of "), r.stdout + r.stderr
     help_text = run_cli("replay", "--help").stdout
     assert "--max-drop-points" in help_text
+
+
+def test_sarif_help_links_point_at_the_published_docs(tmp_path: Path) -> None:
+    """A relative helpUri would point into the scanned repository, which has no docs/rules/."""
+    from tests.conftest import ROOT
+
+    out = tmp_path / "l.sarif"
+    fix = ROOT / "fixtures" / "configs"
+    r = run_cli("lint", "--draft", str(fix / "drafts" / "sglang" / "kimi-k2.5-eagle3-seed.json"), "--target",
+                str(fix / "targets" / "kimi-k2.5.json"), "--runtime", "sglang@0.5.12", "--trained-with",
+                "stream:0,3,31", "--format", "sarif", "-o", str(out))
+    assert r.returncode == 1, r.stderr
+    rules = json.loads(out.read_text())["runs"][0]["tool"]["driver"]["rules"]
+    base = "https://github.com/consistency-dev/consistency/blob/main/docs/"
+    assert rules and all(rule["helpUri"].startswith(base) for rule in rules), [x["helpUri"] for x in rules][:3]
+    for rule in rules:  # and each names a page of this repository's docs
+        assert (ROOT / "docs" / rule["helpUri"][len(base):].split("#")[0]).is_file(), rule["helpUri"]
