@@ -140,7 +140,9 @@ def _documented_inputs() -> set[str]:
         import tomli as tomllib
     found: set[str] = set()
     for doc in ("docs/ci.md", "docs/tutorial-low-acceptance.md"):
-        for block in re.findall(r"```toml\n(.*?)```", (ROOT / doc).read_text(), re.S):
+        text = (ROOT / doc).read_text()  # ```toml blocks, and configs a console block writes with a heredoc
+        for block in re.findall(r"```toml\n(.*?)```", text, re.S) + \
+                re.findall(r"cat > \S*\.toml <<'EOF'\n(.*?)^EOF$", text, re.S | re.M):
             cfg = tomllib.loads(block)
             for entry in (e for kind in ("lint", "compare", "replay") for e in cfg.get(kind, [])):
                 for key in ("draft", "target", "trained_with", "reference", "candidate", "contract"):
