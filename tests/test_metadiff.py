@@ -151,3 +151,16 @@ def test_deepdiff_is_imported_only_when_metadata_differ(tmp_path) -> None:
     same = tmp_path / "same.npz"
     shutil.copy(a, same)
     assert not _imports_deepdiff(a, same)  # equal metadata, equal per-tensor entries: no import
+
+
+def test_deepdiff_is_imported_without_pandas_and_pandas_still_imports_after(tmp_path) -> None:
+    """deepdiff probes for pandas at import (0.75 s where installed); the diff hides that probe
+    only while deepdiff imports, so a user's own ``import pandas`` afterwards still works."""
+    pytest.importorskip("pandas")
+    a, b = _pair(tmp_path, [0, 1, 2], [1, 2, 3])
+    code = ("import sys; from consistency.diagnose.pipeline import run\n"
+            "rep = run(sys.argv[1], sys.argv[2]); assert rep.metadata_diff\n"
+            "print('deepdiff' in sys.modules, 'pandas' in sys.modules)\n"
+            "import pandas; print(pandas.DataFrame({'x': [1]}).shape)")
+    out = subprocess.run([sys.executable, "-c", code, str(a), str(b)], capture_output=True, text=True, check=True)
+    assert out.stdout.split("\n")[:2] == ["True False", "(1, 1)"], out.stdout

@@ -45,9 +45,7 @@ def changes(a: Any, b: Any) -> list[Change]:
     in the reference's key order. Equal trees return at once, without importing deepdiff."""
     if _dumps(a) == _dumps(b):
         return []
-    from deepdiff import DeepDiff
-
-    tree = DeepDiff(a, b, verbose_level=2, threshold_to_diff_deeper=0, ignore_private_variables=False).tree
+    tree = _deepdiff()(a, b, verbose_level=2, threshold_to_diff_deeper=0, ignore_private_variables=False).tree
     out: list[Change] = []
     for kind, items in tree.items():
         for item in items:
@@ -55,6 +53,29 @@ def changes(a: Any, b: Any) -> list[Change]:
             out.append((kind, path, None if kind.endswith("added") else item.t1,
                         None if kind.endswith("removed") else item.t2))
     return sorted(out, key=lambda c: _order(a, b, c[1]))
+
+
+def _deepdiff() -> Any:
+    """``deepdiff.DeepDiff``, imported without its probes for pandas and polars.
+
+    deepdiff imports pandas (and polars) at import time, when installed, to hash DataFrames:
+    0.75 s of a compare's start-up where pandas is installed (transformers' and speculators'
+    environments have it), for trees that are only ever JSON here. The probe is answered
+    "not installed" (a ``None`` entry in ``sys.modules`` makes that import raise ImportError)
+    only while deepdiff itself is imported, and only for modules nobody has imported yet; a
+    later ``import pandas`` works as usual."""
+    import sys
+
+    hidden = [m for m in ("pandas", "polars") if m not in sys.modules]
+    for m in hidden:
+        sys.modules[m] = None  # type: ignore[assignment]
+    try:
+        from deepdiff import DeepDiff
+    finally:
+        for m in hidden:
+            if sys.modules.get(m, 0) is None:
+                del sys.modules[m]
+    return DeepDiff
 
 
 def _dumps(v: Any) -> str:
