@@ -23,6 +23,7 @@ REPO = "consistency-dev/consistency"
 DOCS = sorted([ROOT / "README.md", *(ROOT / "docs").rglob("*.md")])
 USES = re.compile(rf"uses:\s*{re.escape(REPO)}@(\S+)")
 PRECOMMIT = re.compile(rf"repo:\s*https://github\.com/{re.escape(REPO)}\s*\n\s*rev:\s*(\S+)")
+PIP = re.compile(rf"git\+https://github\.com/{re.escape(REPO)}(?:\.git)?@([^\s\"'#]+)")  # pip install "... @ git+URL@REF"
 
 
 def _git(*args: str) -> subprocess.CompletedProcess:
@@ -38,11 +39,11 @@ def history() -> None:
 
 
 def _refs() -> dict[tuple[str, str], set[str]]:
-    """(kind, ref) -> the docs naming it; kind is 'action' or 'pre-commit'."""
+    """(kind, ref) -> the docs naming it; kind is 'action', 'pre-commit' or 'pip' (a git URL)."""
     out: dict[tuple[str, str], set[str]] = {}
     for doc in DOCS:
         text = doc.read_text()
-        for kind, pat in (("action", USES), ("pre-commit", PRECOMMIT)):
+        for kind, pat in (("action", USES), ("pre-commit", PRECOMMIT), ("pip", PIP)):
             for ref in pat.findall(text):
                 out.setdefault((kind, ref), set()).add(str(doc.relative_to(ROOT)))
     return out
@@ -61,7 +62,7 @@ def _example_blocks(kind: str) -> list[str]:
 
 def test_the_docs_name_refs_and_no_placeholders() -> None:
     refs = _refs()
-    assert {k for k, _ in refs} == {"action", "pre-commit"}, refs  # both integrations are documented with a ref
+    assert {k for k, _ in refs} == {"action", "pre-commit", "pip"}, refs  # each way in is documented with a ref
     for doc in DOCS:
         text = doc.read_text()
         assert not re.search(r"\bOWNER/|github\.com/OWNER\b", text), f"{doc}: a placeholder owner does not run as written"
@@ -79,6 +80,10 @@ def test_every_ref_the_docs_name_is_a_commit_of_this_history(history: None) -> N
         anc = _git("merge-base", "--is-ancestor", full.stdout.strip(), "HEAD")
         assert anc.returncode == 0, (f"{sorted(docs)}: {kind} ref {ref} is not on this branch's history (a rebase or "
                                      "squash dropped it?): pin a commit of the history")
+        if kind == "pip":  # `pip install "specdec-consistency @ git+...@REF"`: the commit's distribution has that name
+            from consistency import DIST
+
+            assert f'name = "{DIST}"' in _at(ref, "pyproject.toml"), f"{ref}: its pyproject.toml does not name {DIST}"
 
 
 def test_the_action_at_the_ref_has_what_the_examples_use(history: None) -> None:
@@ -129,5 +134,6 @@ def test_refs_in_the_workflow_of_this_repository_are_local() -> None:
 def test_refs_are_found_where_docs_put_them() -> None:
     """The extraction itself: a doc-shaped text yields its refs (so a reworded doc cannot hide one)."""
     text = (f"      - uses: {REPO}@abc\n"
-            f"  - repo: https://github.com/{REPO}\n    rev: v9.9.9   # comment\n")
-    assert USES.findall(text) == ["abc"] and PRECOMMIT.findall(text) == ["v9.9.9"]
+            f"  - repo: https://github.com/{REPO}\n    rev: v9.9.9   # comment\n"
+            f'      - run: pip install "x @ git+https://github.com/{REPO}@def"\n')
+    assert USES.findall(text) == ["abc"] and PRECOMMIT.findall(text) == ["v9.9.9"] and PIP.findall(text) == ["def"]
