@@ -333,10 +333,10 @@ def test_gate_without_torch_runs_lint_and_compare_and_skips_replay_with_the_inst
     verdicts = {c["name"]: c["verdict"] for c in rep["checks"]}
     assert verdicts == {"kimi-fixed": "pass", "same": "pass", "acc": "skipped"}
     acc = next(c for c in rep["checks"] if c["name"] == "acc")
-    assert "pip install 'consistency[hf]'" in acc["summary"]
+    assert "pip install 'specdec-consistency[hf]'" in acc["summary"]
     assert all(c["status"] == "skipped" for c in acc["cases"])  # never counted as passed
     assert rep["summary"].startswith("3 checks: 2 passed, 0 failed, 0 errored, 1 skipped")
-    assert r.returncode == 0 and "pip install 'consistency[hf]'" in r.stdout
+    assert r.returncode == 0 and "pip install 'specdec-consistency[hf]'" in r.stdout
     suite = next(s for s in ET.parse(tmp_path / "g.xml").getroot().iter("testsuite") if s.get("name") == "replay: acc")
     assert suite.get("skipped") == "1" and suite.get("failures") == "0"
 

@@ -29,7 +29,7 @@ from typing import Any
 
 from consistency import __version__
 from consistency.contract.models import AuxInfo, DumpMetadata, ModelInfo, RuntimeInfo, TensorMeta
-from consistency.dump.writer import write_dump
+from consistency.dump.writer import dump_name_problem, write_dump
 from consistency.record.tensors import layout, to_numpy
 
 ENV_PATH = "CONSISTENCY_RECORD"
@@ -215,6 +215,10 @@ def _preflight(rec: Recorder) -> None:
     if not rec.enabled:
         return
     p = rec.path
+    problem = dump_name_problem(p)
+    if problem:  # x.pt would be refused at exit: keep the name, add the suffix that says what it holds
+        p = rec.redirect = p.with_name(p.name + ".safetensors")
+        _say(f"{rec.path}: {problem.split(';')[0]}; the recording will be written to {p}")
     if (p.exists() or p.is_symlink()) and not rec.force:
         if p.is_dir() or (p.exists() and not p.is_file()):
             rec.redirect = sibling(p.parent / (p.name + ".safetensors")) if p.is_dir() else sibling(p)
