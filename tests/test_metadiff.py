@@ -1,6 +1,6 @@
 """The metadata diff is DeepDiff's, in the reading order the report promises.
 
-compare/metadiff.py calls DeepDiff (imported only when the metadata differ) with
+diagnose/metadiff.py calls DeepDiff (imported only when the metadata differ) with
 ``threshold_to_diff_deeper=0`` and sorts its entries into the reference's key order. These
 tests hold it, entry for entry and in order, to a plain walk of the two trees written
 here as the specification (dicts key by key, the reference's keys first, what only the
@@ -21,7 +21,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from consistency.compare import metadiff
+from consistency.diagnose import metadiff
 
 KEYS = st.sampled_from(["a", "b", "c", "d", "stride", "aux", "x y", "1", "__p"])
 LEAVES = st.one_of(st.none(), st.booleans(), st.integers(-3, 3), st.floats(allow_nan=False, width=64),

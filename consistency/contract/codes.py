@@ -229,7 +229,7 @@ _OWN_SOURCES = {
     "REPLICA_MISMATCH": "SGLang debug_utils comparator: replicated-dims check",
     "NOTHING_COMPARED": "issue 13: a comparison that checked nothing must not pass",
     "EMPTY": "docs/format.md: a tensor with no rows",
-    "METADATA_DIFF": "structured diff of the dumps' metadata, DeepDiff's tree (compare/metadiff.py; docs/format.md)",
+    "METADATA_DIFF": "structured diff of the dumps' metadata, DeepDiff's tree (diagnose/metadiff.py; docs/format.md)",
     "LAYOUT_ONLY": "seed story: the .clone() vs hidden_states + residual suspicion",
     "IDENTIFICATION_AMBIGUOUS": "docs/tolerance.md: confidence = runner-up distance / match distance",
     "NOT_VERIFIED": "issue 13: an expected stream the reference lacks is never OK",
