@@ -25,7 +25,7 @@ import pytest
 
 from conftest import cli, run_cli
 from consistency.contract.models import AuxInfo, DumpMetadata, ModelInfo, RuntimeInfo, TensorMeta
-from consistency.report import escape as esc
+from consistency import escape as esc
 
 # printable (a tensor name must be): markup, workflow commands, HTML, mathtext, Markdown
 NAMES = ["[/]", "[link=https://evil.example]click[/link]", "::error::forged-by-name", "<script>alert(1)</script>",

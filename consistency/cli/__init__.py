@@ -93,7 +93,7 @@ def run(argv: list[str] | None = None) -> None:
         e.show()
         sys.exit(2)
     except ConsistencyError as e:
-        from consistency.report.escape import term  # file names and values: one inert line
+        from consistency.escape import term  # file names and values: one inert line
 
         click.echo(f"consistency: error: {term(e)}", err=True)
         sys.exit(e.exit_code)
@@ -112,7 +112,7 @@ def run(argv: list[str] | None = None) -> None:
             sys.exit(dep.exit_code)
         args = " ".join(a for a in (argv if argv is not None else sys.argv[1:]) if not a.startswith("-"))
         msg = " ".join(f"{type(e).__name__}: {e}".split())
-        from consistency.report.escape import term
+        from consistency.escape import term
 
         click.echo(f"consistency: error: {term(args)}: {term(msg)} (set CONSISTENCY_DEBUG=1 for a traceback)", err=True)
         sys.exit(2)

@@ -6,7 +6,7 @@ import sys
 import click
 
 from consistency.errors import UsageError
-from consistency.report.escape import term
+from consistency.escape import term
 
 
 def run_compare(*args, **kwargs):  # noqa: ANN002, ANN003, ANN201 - kept for callers of the old location

@@ -98,7 +98,7 @@ def gate(config_path: str, json_out: str | None, junit: str | None, sarif: str |
     from consistency.gate.config import load
     from consistency.gate.runner import Runners, run_gate
     from consistency.report.ci_formats import github_annotations, junit_xml, markdown_summary
-    from consistency.report.escape import term
+    from consistency.escape import term
 
     cfg = load(config_path, builtin_names())
     if kinds:

@@ -17,7 +17,7 @@ def inspect(dump: str, as_json: bool) -> None:
 
     from consistency.dump import names
     from consistency.dump.sets import open_side
-    from consistency.report.escape import term
+    from consistency.escape import term
     from consistency.report.text import console
 
     with open_side(dump) as d:

@@ -195,7 +195,7 @@ def record(model_spec: str, gguf_file: str | None, prompt: str | None, ids_file:
             status.stop()
     if assumed:
         click.echo(f"note: {_term(assumed)}", err=True)
-    from consistency.report.escape import term  # the path is the user's, maybe someone else's
+    from consistency.escape import term  # the path is the user's, maybe someone else's
 
     click.echo(f"wrote {term(out)}" + (f" (aux streams {streams})" if streams is not None else ""))
     sys.exit(0)
@@ -217,6 +217,6 @@ def _update(status, text: str) -> None:  # noqa: ANN001
 
 
 def _term(s: object) -> str:
-    from consistency.report.escape import term
+    from consistency.escape import term
 
     return term(s, multiline=True)

@@ -179,7 +179,7 @@ def _from_env() -> Recorder | None:
 
 def _say(msg: str) -> None:
     """One line on stderr (the server's log): where the recording goes and why."""
-    from consistency.report.escape import term
+    from consistency.escape import term
 
     try:
         sys.stderr.write(f"consistency: {ENV_PATH}: {term(msg)}\n")

@@ -6,7 +6,7 @@ lint rule and per compared tensor; annotations are workflow commands that GitHub
 on the config line at fault; the Markdown goes to ``$GITHUB_STEP_SUMMARY``.
 
 Every string in a gate report may come from a file (check names from the config, tensor
-names and metadata from dumps), so each goes through :mod:`consistency.report.escape`
+names and metadata from dumps), so each goes through :mod:`consistency.escape`
 for the output it lands in: ``xml`` for JUnit, ``annotation_*`` for workflow commands,
 ``md`` for the summary.
 """
@@ -18,7 +18,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
-from consistency.report import escape as esc
+from consistency import escape as esc
 
 _SAFE_URL = re.compile(r"(https://[A-Za-z0-9./#_-]+|docs/[A-Za-z0-9./#_-]+)")
 _ICON = {"pass": "✅", "fail": "❌", "error": "⛔", "skipped": "⏭️"}

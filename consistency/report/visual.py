@@ -20,7 +20,7 @@ from pathlib import Path
 from consistency.contract.findings import CompareReport
 from consistency.dump.atomic import check_writable, write_bytes_atomic, write_text_atomic
 from consistency.errors import InputError, need
-from consistency.report import escape as esc
+from consistency import escape as esc
 from consistency.report import html_page
 from consistency.report.heatmap import EXPECTED_COLOUR, Grid, colour, describe, fmt, grids, ink
 
