@@ -227,7 +227,8 @@ def test_each_escape_helper_on_the_corpus(s: str) -> None:
     el.text = esc.xml(s)
     assert ET.fromstring(ET.tostring(el, encoding="unicode")).get("b") == esc.xml(s)  # well-formed XML
     m = esc.md(s)
-    assert "\n" not in m and "<" not in m and not re.search(r"(?<!\\)[|`]", m)
+    # every punctuation mark escaped: inert for Markdown, HTML and a shell sourcing the file
+    assert "\n" not in m and not re.search(r"(?<!\\)[<>&|`;$()'\"]", m)
     assert re.fullmatch(r"[A-Za-z0-9\-._~/%:]+", esc.uri(Path("/w") / s, Path("/w")))
     h = esc.html(s)
     assert "<" not in h and '"' not in h and not CONTROL.search(h)

@@ -6,7 +6,7 @@ import sys
 import click
 
 from consistency.errors import UsageError
-from consistency.escape import term
+from consistency.escape import json_log, term
 
 
 def run_compare(*args, **kwargs):  # noqa: ANN002, ANN003, ANN201 - kept for callers of the old location
@@ -64,7 +64,7 @@ def compare(reference: str, candidate: str, contract: str | None, json_out: str 
                       progress=not quiet and sys.stderr.isatty(), layer_ids=layer_ids, convention=convention,
                       ref_layer_ids=ref_layer_ids, cand_layer_ids=cand_layer_ids, tokenizer=tokenizer)
     if json_out == "-":
-        sys.stdout.write(rep.model_dump_json(indent=2) + "\n")
+        sys.stdout.write(json_log(rep.model_dump_json(indent=2)) + "\n")
     elif json_out:
         from consistency.dump.atomic import write_text_atomic
 

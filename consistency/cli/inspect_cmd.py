@@ -24,7 +24,10 @@ def inspect(dump: str, as_json: bool) -> None:
         tensors = [{"name": n, "dtype": d[n].dtype, "shape": list(d[n].shape)} for n in d.names]
         meta = json.loads(d.metadata.model_dump_json(exclude_none=True)) if d.metadata else None
         if as_json:
-            click.echo(json.dumps({"path": dump, "format": d.format, "metadata": meta, "tensors": tensors}, indent=2))
+            from consistency.escape import json_log
+
+            click.echo(json_log(json.dumps({"path": dump, "format": d.format, "metadata": meta, "tensors": tensors},
+                                           indent=2)))
             return
         con = console()
         head = f"{dump}: {d.format}, {len(tensors)} tensors" + ("" if meta else ", no consistency metadata")

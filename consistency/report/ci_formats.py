@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from consistency import escape as esc
+from consistency.dump.atomic import MD_TRAILER
 
 _SAFE_URL = re.compile(r"(https://[A-Za-z0-9./#_-]+|docs/[A-Za-z0-9./#_-]+)")
 _ICON = {"pass": "✅", "fail": "❌", "error": "⛔", "skipped": "⏭️"}
@@ -134,7 +135,7 @@ def markdown_summary(report: dict[str, Any]) -> str:
             if c.get("doc"):
                 doc = str(c["doc"])
                 lines.append(f"  - see [{doc}]({doc})" if _SAFE_URL.fullmatch(doc) else f"  - see {_cell(doc)}")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + ["", MD_TRAILER]) + "\n"  # the trailer: how a re-run knows its own file
 
 
 def _v(x: Any) -> str:
