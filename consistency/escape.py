@@ -161,7 +161,8 @@ def mpl(s: Any) -> str:
 def annotation_data(s: Any) -> str:
     """The message of a GitHub workflow command (after ``::``): newlines percent-encoded."""
     t = _CONTROL.sub(lambda m: m.group(0) if m.group(0) in "\n\r" else _show(m), "" if s is None else str(s))
-    return t.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+    t = t.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+    return _LEGACY.sub("%23", t) if "#" in t else t  # "##[" anywhere in the line is the runner's legacy syntax
 
 
 def annotation_prop(s: Any) -> str:
