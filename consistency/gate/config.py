@@ -142,12 +142,19 @@ def _toml(path: Path) -> dict[str, Any]:
         raise InputError(path, f"not valid TOML: {exc}") from None
 
 
+def _exists(p: Path) -> bool:
+    try:
+        return p.exists()
+    except OSError:  # ENAMETOOLONG, ELOOP: not a file we could read either
+        return False
+
+
 def _resolve(base: Path, key: str, value: Any, builtins: frozenset[str]) -> Any:
     if key not in PATH_KEYS or not isinstance(value, str):
         return value
-    if key == "trained_with" and not (base / value).exists() and ":" in value:
+    if key == "trained_with" and not _exists(base / value) and ":" in value:
         return value  # FRAMEWORK:IDS
-    if value in builtins and not (base / value).exists():
+    if value in builtins and not _exists(base / value):
         return value  # a built-in model or draft name, wherever the config sits
     p = Path(value)
     return str(p if p.is_absolute() else base / p)
