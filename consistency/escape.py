@@ -38,9 +38,11 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-# C0 (all of it, newline and tab included), DEL, C1, and the Unicode bidi / line controls
-# that reorder or split what a reader sees (CVE-2021-42574 "Trojan Source").
-_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\u200e\u200f\u061c\ufeff]")
+# C0 (all of it, newline and tab included), DEL, C1, the Unicode bidi / line controls that
+# reorder or split what a reader sees (CVE-2021-42574 "Trojan Source"), and lone surrogates
+# (a file name's undecodable bytes): no output encoding can carry them, so printing one raised
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\u200e\u200f\u061c\ufeff"
+                      "\ud800-\udfff]")
 _XML_BAD = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x84\x86-\x9f\ud800-\udfff\ufffe\uffff]")
 _NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 _MD_PUNCT = frozenset(string.punctuation)  # CommonMark: any ASCII punctuation may be backslash-escaped

@@ -89,8 +89,15 @@ def write_dump(path: str | Path, tensors: Mapping[str, TensorLike], metadata: Du
         tm.dtype = dt
         tm.shape = list(arr.shape)
         meta.tensors[name] = tm
-    meta_json = json.dumps(writable(meta.model_dump(mode="json", exclude_none=True)), separators=(",", ":"),
-                           ensure_ascii=False)
+    try:
+        data = meta.model_dump(mode="json", exclude_none=True)
+    except ValueError:  # a lone surrogate no UTF-8 can carry: escaped, like every other unwritable string
+        try:
+            data = DumpMetadata.model_validate(writable(meta.model_dump(mode="python"))).model_dump(
+                mode="json", exclude_none=True)
+        except ValueError as exc:
+            raise UsageError(f"metadata for {p} cannot be written: {' '.join(str(exc).split())[:300]}") from None
+    meta_json = json.dumps(writable(data), separators=(",", ":"), ensure_ascii=False)
     extra = {writable(str(k)): writable(str(v)) for k, v in (extra_header or {}).items()}
     try:  # never write a dump our own strict reader would refuse
         DumpMetadata.model_validate(strict_json(meta_json))

@@ -150,7 +150,10 @@ class Recorder:
     def _refuse(self, name: Any, reason: str) -> None:
         if self.strict:
             raise UsageError(f"capture {str(name)[:80]!r} refused: {reason}")
+        from consistency.contract.io import writable
+
         shown = (name if len(name) <= 200 else f"{name[:200]}...") if isinstance(name, str) else repr(name)[:200]
+        shown, reason = writable(shown), writable(reason)  # they go into the metadata: escaped there too
         with self._guard:
             entry = self.refused.setdefault(shown, {"count": 0, "reason": reason})
             entry["count"] += 1
