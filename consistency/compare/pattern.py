@@ -67,12 +67,15 @@ class _Prog:
         self.code.append(list(ins))
         return len(self.code) - 1
 
-    def char(self, test: Callable[[str], bool]) -> None:
+    def char(self, test: Callable[[str], bool], negate: bool = False) -> None:
+        """A one-character test; ``negate`` applies after case folding (``(?i)[^a]`` refuses A too)."""
         if self.icase:
             base = test
-            self.emit("char", lambda c: base(c) or base(c.lower()) or base(c.upper()))
-        else:
-            self.emit("char", test)
+            test = lambda c: base(c) or base(c.lower()) or base(c.upper())  # noqa: E731
+        if negate:
+            pos = test
+            test = lambda c: not pos(c)  # noqa: E731
+        self.emit("char", test)
 
     def seq(self, items: P.SubPattern | list) -> None:
         for op, av in items:
@@ -86,11 +89,11 @@ class _Prog:
             self.char(lambda c, ch=ch: c == ch)
         elif op is C.NOT_LITERAL:
             ch = chr(av)  # type: ignore[arg-type]
-            self.char(lambda c, ch=ch: c != ch)
+            self.char(lambda c, ch=ch: c == ch, negate=True)
         elif op is C.ANY:
             self.char(lambda c: c != "\n")
         elif op is C.IN:
-            self.char(_charset(av))  # type: ignore[arg-type]
+            self.char(*_charset(av))  # type: ignore[arg-type]
         elif op is C.CATEGORY:
             self.char(_CATEGORY[av])
         elif op is C.AT:
@@ -157,7 +160,8 @@ class _Prog:
             self.code[s][2] = len(self.code)
 
 
-def _charset(items: list) -> Callable[[str], bool]:
+def _charset(items: list) -> tuple[Callable[[str], bool], bool]:
+    """(the class's positive test, whether it is negated)."""
     tests: list[Callable[[str], bool]] = []
     negate = False
     for op, av in items:
@@ -174,7 +178,7 @@ def _charset(items: list) -> Callable[[str], bool]:
             tests.append(lambda c, ch=chr(av): c != ch)
         else:
             raise PatternError(f"uses {op} inside a character class, which tolerance patterns do not support")
-    return (lambda c: not any(t(c) for t in tests)) if negate else (lambda c: any(t(c) for t in tests))
+    return (lambda c: any(t(c) for t in tests)), negate
 
 
 def _at(kind: object, s: str, i: int) -> bool:
