@@ -43,6 +43,7 @@ from urllib.parse import quote
 # (a file name's undecodable bytes): no output encoding can carry them, so printing one raised
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\u200e\u200f\u061c\ufeff"
                       "\ud800-\udfff]")
+_JSON_RAW = re.compile("[\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\u200e\u200f\u061c\ufeff]")
 _XML_BAD = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x84\x86-\x9f\ud800-\udfff\ufffe\uffff]")
 _NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 _MD_PUNCT = frozenset(string.punctuation)  # CommonMark: any ASCII punctuation may be backslash-escaped
@@ -89,6 +90,7 @@ def json_log(text: str) -> str:
     sequences can only occur inside JSON strings, where ``\\u003a``/``\\u0023`` decode to
     the same characters.
     """
+    text = _JSON_RAW.sub(lambda m: f"\\u{ord(m.group(0)):04x}", text)  # DEL, C1, bidi: raw in JSON, not in a log
     return text.replace("::", ":\\u003a").replace("##[", "#\\u0023[")
 
 

@@ -12,10 +12,10 @@ from typing import Any
 from consistency.errors import UsageError
 
 
-def env_limit(name: str, default: int) -> int:
+def env_limit(name: str, default: int, environ: Any = None) -> int:
     """A bound, overridable as ``CONSISTENCY_<NAME>`` (bytes or a count); bad values are usage errors."""
     key = f"CONSISTENCY_{name}"
-    raw = os.environ.get(key)
+    raw = (os.environ if environ is None else environ).get(key)
     if raw is None or raw.strip() == "":
         return default
     try:
@@ -41,4 +41,4 @@ def check_bound_overrides(environ: Any = None) -> None:
         name = key[len("CONSISTENCY_MAX_"):]
         if name not in KNOWN_BOUNDS:
             raise UsageError(f"{key}: no such bound; known: {', '.join('CONSISTENCY_MAX_' + b for b in KNOWN_BOUNDS)}")
-        env_limit(f"MAX_{name}", 1)
+        env_limit(f"MAX_{name}", 1, env)
