@@ -215,7 +215,8 @@ def main(argv: list[str] | None = None) -> int:
     i.add_argument("--config", default="consistency.toml")
     i.add_argument("--version", default="")
     i.add_argument("--source", default=str(Path(__file__).resolve().parents[1]))
-    i.add_argument("--venv", default="", help="the environment to install into (default: $RUNNER_TEMP/consistency-venv)")
+    i.add_argument("--venv", default="",
+                   help="the environment to install into (default: $RUNNER_TEMP/consistency-venv)")
     i.add_argument("--dry-run", action="store_true", help="print what would be installed; install nothing")
     g = sub.add_parser("gate")
     g.add_argument("--config", default="consistency.toml")

@@ -179,7 +179,8 @@ def dumps(tmp_path_factory: pytest.TempPathFactory) -> dict[str, bytes]:
     ids = np.arange(12, dtype=np.int64)
     aux = {f"aux.{k}": rng.standard_normal((12, 16)).astype(np.float32) for k in range(3)}
     for side in ("train", "serve"):
-        write_dump(d / f"{side}.safetensors", {"input_ids": ids, **aux}, DumpMetadata(aux=AuxInfo(stream_ids=[0, 3, 7])))
+        write_dump(d / f"{side}.safetensors", {"input_ids": ids, **aux},
+                   DumpMetadata(aux=AuxInfo(stream_ids=[0, 3, 7])))
     write_dump(d / "redos.safetensors", {REDOS_NAME: rng.standard_normal((4, 8)).astype(np.float32)})
     return {p.name: p.read_bytes() for p in d.iterdir()}
 
@@ -341,7 +342,8 @@ def test_the_attack_corpus_covers_every_item_of_the_threat_model() -> None:
     names = {a.name for a in ATTACKS}
     for needed in ("quoted-table-replay-lean", "committed-pass-at-the-json-path", "committed-list-at-the-json-path",
                    "fail-on-warning-agrees", "config-turns-annotations-off", "config-redirects-the-summary",
-                   "summary-into-git-config", "summary-into-venv-activate", "workflow-commands-and-shell-in-check-names",
+                   "summary-into-git-config", "summary-into-venv-activate",
+                   "workflow-commands-and-shell-in-check-names",
                    "redos-tolerance", "5000-deep-draft-config", "40000-aux-ids", "replay-target-with-its-own-code"):
         assert needed in names
     assert {a.env for a in ATTACKS} == {"lean", "full"}

@@ -434,3 +434,46 @@ def test_a_read_only_directory_falls_back_to_the_temp_dir_for_an_unprivileged_ho
         for p in ro.iterdir():
             p.unlink()
         ro.rmdir()
+
+
+@pytest.mark.skipif("not __import__('torch').cuda.is_available()", reason="the AsyncRecorder's device path needs CUDA")
+def test_the_async_recorders_device_path_refuses_alone_and_keeps_the_rest(tmp_path: Path,
+                                                                          capsys: pytest.CaptureFixture) -> None:
+    """The same rules on the GPU path (staging buffers, the pinned ring): bad captures refused
+    alone, every good one bit for bit, a shard annotation resolved as on the host path."""
+    import torch
+
+    from consistency.record import capture
+    from consistency.record.async_capture import AsyncRecorder
+
+    dev = "cuda"
+    torch.manual_seed(0)
+    x = torch.randn(4, 16, 64, device=dev, dtype=torch.bfloat16)
+    y = torch.randn(1, 8, 32, device=dev)
+    f8 = torch.randn(2, 8, 4, device=dev).to(torch.float8_e4m3fn)
+    big = torch.randn(2, 1024, 1024, device=dev)  # 8 MiB: past the staging size, through the ring
+    p1, p2 = tmp_path / "tokens.safetensors", tmp_path / "ring.safetensors"
+    with AsyncRecorder(p1, tokens=[0, 3]):
+        for k in range(3):
+            capture("aux.0", x + k)
+        for name, t, kw in (("bad\nname", y, {}), ("c", torch.randn(2, 8, 4, device=dev, dtype=torch.complex64), {}),
+                            ("r17", torch.zeros([1] * 15 + [8, 4], device=dev), {}), ("aux.0#2", y, {}),
+                            ("m", y, {"token_index": ["a"]}), ("m2", y, {"shard": "nonsense"})):
+            capture(name, t, **kw)
+        capture("sh", y, shard="h[tp]")
+        capture("f8", f8)
+    with AsyncRecorder(p2):
+        capture("big", big)
+        capture("big", big * 2)
+    assert len(capsys.readouterr().err.splitlines()) == 6
+    assert sorted(_refused(p1)) == sorted(["bad\nname", "c", "r17", "aux.0#2", "m", "m2"])
+    sel = x[:, [0, 3]]
+    expected = {n: ((sel + k).view(torch.int16).cpu().numpy().view(np.uint16), "bfloat16")
+                for k, n in enumerate(["aux.0", "aux.0#2", "aux.0#3"])}
+    expected["f8"] = (f8[:, [0, 3]].view(torch.uint8).cpu().numpy(), "float8_e4m3fn")
+    got = _values(p1)
+    for n, (bits, dt) in expected.items():
+        assert np.array_equal(got[n][0], bits) and got[n][1] == dt, n
+    with open_dump(p1) as d:
+        assert d.metadata.tensors["sh"].shard is not None
+    assert_readable_by_compare(p2, {"big": big.cpu().numpy(), "big#2": (big * 2).cpu().numpy()}, tmp_path)

@@ -98,6 +98,7 @@ class AsyncRecorder(Recorder):
         import torch
 
         check_name(name)
+        meta = self.parse_meta(meta)
         if _torch_dtype(tensor) not in dtypes.BY_NAME or tensor.dim() > safetensors_io.MAX_RANK:
             raise Refused(f"dtype {_torch_dtype(tensor)} with rank {tensor.dim()} cannot be stored in a dump")
         n = self.counts.get(name, 0) + 1

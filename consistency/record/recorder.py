@@ -120,14 +120,18 @@ class Recorder:
                 raise
             self._refuse(name, f"{type(exc).__name__}: {' '.join(str(exc).split())[:160]}")
 
-    def _capture(self, name: str, tensor: Any, producer: str | None, positions: Any, meta: dict[str, Any]) -> None:
-        check_name(name)
+    def parse_meta(self, meta: dict[str, Any]) -> dict[str, Any]:
+        """Keywords as the metadata model takes them (a shard annotation resolved for this rank)."""
         if "shard" in meta:  # 'h[tp]', 't[tp]', 'tp:partial', 'tp:replicated' or a ShardSpec
             from consistency.dump.ranks import parse_shard
 
             meta["shard"] = parse_shard(meta["shard"], self.rank or 0, self.world or 1,
                                         self.metadata.extra.get("parallel"))  # a declared layout's TP/DP rank
-        tm = guard.tensor_meta(tensor, producer, meta)
+        return meta
+
+    def _capture(self, name: str, tensor: Any, producer: str | None, positions: Any, meta: dict[str, Any]) -> None:
+        check_name(name)
+        tm = guard.tensor_meta(tensor, producer, self.parse_meta(meta))
         host = guard.host_copy(tensor)  # everything checked before anything is kept
         if len(self.tensors) >= max_tensors(self.path):
             raise Refused(f"the recording holds {len(self.tensors)} tensors, what a {self.path.suffix} dump can hold")
