@@ -55,8 +55,10 @@ def _tokenizer_dir(d: Path, custom_class: bool) -> Path:
     return d
 
 
-def _env(marker: Path) -> dict[str, str]:
-    return {**os.environ, "MARKER": str(marker), "HF_HUB_OFFLINE": "1"}
+def _env(marker: Path, tmp: Path) -> dict[str, str]:
+    """A child's environment: the marker's path, offline, and transformers' module cache in
+    the test's directory (a positive control that runs the code leaves nothing in $HOME)."""
+    return {**os.environ, "MARKER": str(marker), "HF_HUB_OFFLINE": "1", "HF_MODULES_CACHE": str(tmp / "hf-modules")}
 
 
 @pytest.mark.parametrize("custom_class", [False, True])
@@ -66,9 +68,12 @@ def test_a_tokenizer_dir_with_its_own_code_never_runs_it(tmp_path: Path, custom_
     ref, cand = tmp_path / "r.safetensors", tmp_path / "c.safetensors"
     write_dump(ref, {"input_ids": np.arange(8, dtype=np.int64), "aux.0": np.ones((8, 4), np.float32)})
     write_dump(cand, {"input_ids": np.arange(1, 9, dtype=np.int64), "aux.0": np.ones((8, 4), np.float32)})
-    r = subprocess.run([sys.executable, "-m", "consistency", "compare", str(ref), str(cand), "--tokenizer", str(d),
-                        "--json", "-"], capture_output=True, text=True, env=_env(marker), stdin=subprocess.DEVNULL,
-                       timeout=300)
+    argv = ["compare", str(ref), str(cand), "--tokenizer", str(d), "--json", "-"]
+    if custom_class:  # a fresh process with stdin closed: transformers' prompt would show, or hang
+        r = subprocess.run([sys.executable, "-m", "consistency", *argv], capture_output=True, text=True,
+                           env=_env(marker, tmp_path), stdin=subprocess.DEVNULL, timeout=300)
+    else:  # transformers' own class serves it: in this process (the code is never imported either way)
+        r = run_cli(*argv, env={"MARKER": str(marker)})
     assert not marker.exists(), "the directory's code ran"
     assert "Traceback" not in r.stderr and "[y/N]" not in r.stdout + r.stderr
     if custom_class:  # it cannot load without the code: one line, exit 2
@@ -86,7 +91,7 @@ def test_positive_control_the_payload_is_live(tmp_path: Path) -> None:
     marker = tmp_path / "PWNED"
     code = ("import sys; from transformers import AutoTokenizer; "
             "AutoTokenizer.from_pretrained(sys.argv[1], trust_remote_code=True, local_files_only=True)")
-    subprocess.run([sys.executable, "-c", code, str(d)], env=_env(marker), capture_output=True, timeout=300)
+    subprocess.run([sys.executable, "-c", code, str(d)], env=_env(marker, tmp_path), capture_output=True, timeout=300)
     assert marker.exists()
 
 
@@ -103,7 +108,7 @@ def _model_dir(d: Path) -> Path:
 def test_record_model_and_replay_target_with_their_own_code_are_refused_in_one_line(tmp_path: Path) -> None:
     d = _model_dir(tmp_path / "model")
     marker = tmp_path / "PWNED"
-    env = {k: v for k, v in _env(marker).items()}
+    env = {"MARKER": str(marker), "HF_HUB_OFFLINE": "1"}
     r = run_cli("record", "--model", str(d), "--prompt", "hello", "-o", str(tmp_path / "o.safetensors"), env=env)
     assert not marker.exists()
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
