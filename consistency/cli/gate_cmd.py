@@ -145,7 +145,7 @@ def gate(config_path: str, json_out: str | None, junit: str | None, sarif: str |
     rep = run_gate(cfg, Runners(lint_runner, compare_runner, replay, why), only)
     written = {k: str(v) for k, v in (("json", json_out), ("junit", junit), ("sarif", sarif), ("summary", summary),
                                       ("step_summary", step_summary)) if v and v != "-"}
-    rep.outputs = written
+    rep = rep.model_copy(update={"outputs": written})  # what this run writes, for a CI step to read back
     data = rep.model_dump(mode="json")
     if json_out == "-":
         sys.stdout.write(json_log(json.dumps(data, indent=2)) + "\n")
