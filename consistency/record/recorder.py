@@ -83,9 +83,12 @@ class Recorder:
     def __init__(self, path: str | Path, metadata: DumpMetadata | None = None, force: bool = False,
                  rank0_only: bool = False, strict: bool = False) -> None:
         self.rank, self.world = dist_info()
-        self.path = rank_path(path, self.rank, self.world)
+        alone = rank0_only and (self.world or 1) > 1  # one file for the whole run: named as complete, not rank 0 of w
+        self.path = rank_path(path, None if alone else self.rank, None if alone else self.world)
         self.metadata = metadata.model_copy(deep=True) if metadata else DumpMetadata()
         self.metadata.rank, self.metadata.world_size = self.rank, self.world
+        if alone:  # compare reads it as one dump, not a rank set missing ranks 1..w-1
+            self.metadata.extra["rank0_only"] = True
         self.force = force
         self.strict = strict
         self.enabled = not (rank0_only and self.rank not in (None, 0))
