@@ -14,7 +14,7 @@ class ConsistencyError(Exception):
     """Base class: anything the user can fix; the CLI maps it to exit code 2.
 
     Messages quote file names and values from files; whoever prints one renders it inert
-    for its output (``consistency.report.escape``; the CLI's error line uses ``term``).
+    for its output (``consistency.escape``; the CLI's error line uses ``term``).
     """
 
     exit_code = 2

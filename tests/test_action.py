@@ -32,20 +32,38 @@ def action(*args: str | Path, tmp: Path) -> tuple[int, dict[str, str], str]:
 
 
 def test_install_without_torch_unless_replay_is_declared(tmp_path: Path) -> None:
+    """The decision is the installed gate's reading of the config (``gate --plan``), made in
+    the environment the action installs into (here: this test's own, so nothing downloads)."""
+    venv = Path(sys.prefix)
+    py = venv / "bin" / "python"
+    pip = f"+ {py} -m pip install -q --disable-pip-version-check"
     plain = tmp_path / "plain.toml"
-    plain.write_text((CONFIGS / "pass.toml").read_text())
-    rc, out, log = action("install", "--dry-run", "--config", plain, "--source", ROOT, tmp=tmp_path)
-    assert rc == 0 and out["replay"] == "false"
-    assert log.strip().splitlines() == [f"+ -m pip install -q {ROOT}"]
+    plain.write_text((CONFIGS / "pass.toml").read_text().replace("../../", f"{ROOT}/"))
+    rc, out, log = action("install", "--dry-run", "--venv", venv, "--config", plain, "--source", ROOT, tmp=tmp_path)
+    assert rc == 0 and out["replay"] == "false" and out["python"] == str(py) and out["needs"] == "", log
+    assert log.strip().splitlines() == [f"{pip} {ROOT}"]
     replay = tmp_path / "replay.toml"
     replay.write_text(plain.read_text() + '\n[[replay]]\nname = "acceptance"\ndraft = "d"\n')
-    rc, out, log = action("install", "--dry-run", "--config", replay, "--version", "v0.1.0", tmp=tmp_path)
-    assert rc == 0 and out["replay"] == "true"
-    assert log.strip().splitlines() == ["+ -m pip install -q torch --index-url https://download.pytorch.org/whl/cpu",
-                                        "+ -m pip install -q specdec-consistency[hf]==0.1.0"]
+    rc, out, log = action("install", "--dry-run", "--venv", venv, "--config", replay, "--version", "v0.1.0",
+                          tmp=tmp_path)
+    assert rc == 0 and out["replay"] == "true" and out["needs"] == "torch,transformers", log
+    assert log.strip().splitlines() == [f"{pip} specdec-consistency==0.1.0",
+                                        f"{pip} torch --index-url https://download.pytorch.org/whl/cpu",
+                                        f"{pip} specdec-consistency[hf]==0.1.0"]
     url = "git+https://example.invalid/consistency@main"
-    rc, _out, log = action("install", "--dry-run", "--config", plain, "--version", url, tmp=tmp_path)
-    assert log.strip() == f"+ -m pip install -q {url}"
+    rc, _out, log = action("install", "--dry-run", "--venv", venv, "--config", plain, "--version", url, tmp=tmp_path)
+    assert log.strip() == f"{pip} {url}"
+
+
+def test_install_creates_a_virtual_environment_never_the_system_python(tmp_path: Path) -> None:
+    """A Debian/Ubuntu system Python refuses ``pip install`` (externally managed): the
+    action always installs into a venv of its own, under RUNNER_TEMP by default."""
+    rc, out, log = action("install", "--dry-run", "--config", CONFIGS / "pass.toml", "--source", ROOT, tmp=tmp_path)
+    venv = tmp_path / "consistency-venv"
+    assert rc == 0 and out["python"] == str(venv / "bin" / "python"), log
+    lines = log.strip().splitlines()
+    assert lines[0] == f"+ {sys.executable} -m venv {venv}"
+    assert lines[1].startswith(f"+ {venv}/bin/python -m pip install")
 
 
 def test_gate_on_the_repository_fixtures_writes_reports_and_outputs(tmp_path: Path) -> None:
@@ -73,7 +91,7 @@ def test_fail_on(tmp_path: Path) -> None:
     rc, out, log = action("gate", "--config", warn, tmp=tmp_path)
     assert (rc, out["verdict"]) == (0, "pass"), log
     rc, out, log = action("gate", "--config", warn, "--fail-on", "warning", tmp=tmp_path)
-    assert (rc, out["verdict"], out["exit-code"]) == (1, "pass", "1"), log
+    assert (rc, out["verdict"], out["exit-code"]) == (1, "fail", "1"), log  # verdict and exit code agree
     rc, _out, log = action("gate", "--config", warn, "--fail-on", "sometimes", tmp=tmp_path)
     assert rc == 2 and "fail-on" in log
 

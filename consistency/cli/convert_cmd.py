@@ -74,7 +74,7 @@ def convert(source: str, output: str, layer_ids: str | None, convention: str | N
     from consistency.diagnose.pipeline import parse_ids
 
     out, notes = convert_file(source, output, parse_ids(layer_ids), convention, force)
-    from consistency.report.escape import term
+    from consistency.escape import term
 
     for n in notes:
         click.echo(f"note: {term(n, multiline=True)}", err=True)

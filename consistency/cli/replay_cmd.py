@@ -90,7 +90,9 @@ def replay(reference: str, candidate: str, draft: str, target: str | None, steps
                      min_acceptance, ids, convention, method)
     text = rep.model_dump_json(indent=2)
     if json_out == "-":
-        sys.stdout.write(text + "\n")
+        from consistency.escape import json_log
+
+        sys.stdout.write(json_log(text) + "\n")
         render(rep, console(sys.stderr), quiet=True)
     else:
         if json_out:

@@ -84,7 +84,7 @@ def record_reference(model: Any, input_ids: Any, path: str | Path, aux_streams: 
     n = num_layers(model)
     meta = DumpMetadata(side=side, runtime=RuntimeInfo(name="transformers", version=_tf_version()),  # type: ignore[arg-type]
                         model=model_info(model.config))
-    rec = Recorder(path, meta, force=force)
+    rec = Recorder(path, meta, force=force, strict=True)  # our own captures: a refusal is a bug, said
     rec.capture(names.INPUT_IDS, ids[0] if ids.shape[0] == 1 else ids)
     for name in sorted(streams, key=names.sort_key):
         rec.capture(name, _squeeze(streams[name]), producer="hook")
@@ -124,7 +124,7 @@ def record_serving(model: Any, input_ids: Any, path: str | Path, streams: Sequen
                         model=model_info(model.config))
     meta.aux = aux_info(order, list(native_ids) if native_ids is not None else None, convention,
                         residual=Residual.delta.value if capture_mode == "clone" else Residual.stream.value)
-    with Recorder(path, meta, force=force) as rec:
+    with Recorder(path, meta, force=force, strict=True) as rec:
         rec.capture(names.INPUT_IDS, ids[0] if ids.shape[0] == 1 else ids)
         FusedDecoder(model, order, capture_mode=capture_mode, record_components=components)(ids)  # type: ignore[arg-type]
     assert rec.written is not None

@@ -19,7 +19,7 @@ import statistics
 from pathlib import Path
 
 from consistency.contract.findings import CODES, CompareReport, DumpSummary, Finding, Severity, SlotReport
-from consistency.report import escape as esc
+from consistency import escape as esc
 from consistency.report.links import DOCS_ENV, doc_href, docs_base  # noqa: F401 - DOCS_ENV re-exported
 from consistency.report.heatmap import EXPECTED_COLOUR, describe, fmt, grids
 from consistency.report.html_svg import colorbar_svg, heatmap_svg, token_plot_svg
@@ -76,7 +76,7 @@ footer{margin-top:36px;color:var(--muted);font-size:12px}
 
 
 def _e(v: object) -> str:
-    """Every value from a dump or a path: markup and controls escaped (report/escape.py)."""
+    """Every value from a dump or a path: markup and controls escaped (consistency/escape.py)."""
     return esc.html(v)
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from consistency import HOME
-from consistency.report import escape as esc
+from consistency import escape as esc
 from consistency.report.links import published
 
 SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
