@@ -141,6 +141,7 @@ class ViewDump(ForeignDump):
         self.base = base
         self._select = select
         self.joins: dict[str, tuple[list[str], np.ndarray]] = {}  # set by stitching: name -> (capture keys, rows)
+        self.pass_positions: list[np.ndarray] | None = None  # set by stitching: each pass's recorded positions
         if hasattr(base, "replica_checks"):
             self.replica_checks = base.replica_checks
         for name, v in tensors.items():  # shapes in metadata follow the views
