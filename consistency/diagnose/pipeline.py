@@ -42,7 +42,7 @@ def run_request(req: CompareRequest) -> CompareReport:
     prefill, decode steps) are stitched and the two sides' tokens aligned by ``input_ids``
     first; ``tokenizer`` (an object or a local path) only decodes unaligned spans."""
     from consistency.compare.engine import compare
-    from consistency.compare.prepare import prepare
+    from consistency.compare.prepare import context_by_values, prepare
     from consistency.diagnose import tokens as token_words
     from consistency.diagnose.engine import explain
     from consistency.diagnose.report import build
@@ -72,6 +72,7 @@ def run_request(req: CompareRequest) -> CompareReport:
         labels = (token_words.side_label(ref, "reference"), token_words.side_label(cand, "candidate"))
         ref, cand, alignment = prepare(ref, cand, tokenizer, same_context_only=True)
         cmp = compare(ref, cand, con, tol, progress=req.progress, declared=declared)
+        alignment = context_by_values(alignment, cmp.results)  # a capture without positions: the values decide
         tok = token_words.findings(alignment, labels[0], labels[1], tokenizer)
         findings, st = explain(cmp)
         findings = token_words.reconcile(findings, alignment, tok)
