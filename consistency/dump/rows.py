@@ -256,6 +256,8 @@ def origins(d: Dump, v: TensorView, rows: Sequence[int]) -> list[Origin]:
         pos: int | None = None
         if passes is not None and 0 < k <= len(passes) and r < len(passes[k - 1]):
             pos = int(passes[k - 1][r])
+        elif passes is None and len(root.shape) == 3:
+            pos = r % root.shape[-2]  # [batch, tokens, hidden]: the row's place in its sequence
         elif passes is None and single and k == 1:
             pos = r
         file = root.path.name if root.path is not None and Path(root.path) != Path(d.path) else None

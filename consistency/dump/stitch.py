@@ -118,8 +118,14 @@ def _ints(d: Dump, v: TensorView) -> np.ndarray:
 
 
 def needs_stitching(d: Dump) -> bool:
-    """True when the dump holds ``#k`` captures or layout tensors (positions, request ids)."""
-    return any(_KEY.match(k) for k in d.tensors) or any(n in d.tensors for n in LAYOUT_NAMES)
+    """True when the dump holds ``#k`` captures or layout tensors (positions, request ids),
+    or is a data-parallel merge whose ranks declared their tokens."""
+    return any(_KEY.match(k) for k in d.tensors) or any(n in d.tensors for n in LAYOUT_NAMES) \
+        or (bool(getattr(d, "token_keys", None)) and _unowned(d))
+
+
+def _unowned(d: Dump) -> bool:
+    return any(f.code == "TOKEN_UNOWNED" for f in getattr(d, "layout_facts", []))
 
 
 def layout(d: Dump) -> Layout:
@@ -144,6 +150,8 @@ def layout(d: Dump) -> Layout:
     if per_pass is None and pos_parts is not None:
         per_pass = [len(p) for p in pos_parts]
     req_parts = _layout_parts(d, groups, REQUEST_IDS, k, per_pass)
+    if pos_parts is None and req_parts is None and k == 1:
+        pos_parts, req_parts = _from_ownership(d, per_pass)
     if per_pass is None:
         per_pass = _rows_per_pass(d, groups, k)
     total = sum(per_pass)
@@ -174,6 +182,8 @@ def layout(d: Dump) -> Layout:
     order = np.asarray([r for s in segs for r in s.rows], dtype=np.int64)
     ids = np.concatenate(ids_parts)[order] if ids_parts is not None else None
     pos = np.asarray([p for s in segs for p in s.positions], dtype=np.int64)
+    if pos_parts is None and batch_rows:
+        pos_parts = [np.tile(np.arange(batch_rows, dtype=np.int64), total // batch_rows)]
     return Layout(k, source, segs, per_pass, ids, pos if (pos_parts is not None or batch_rows) else None, notes,
                   verify, pos_parts)
 
@@ -191,6 +201,19 @@ def _layout_parts(d: Dump, groups: dict, name: str, k: int, per_pass: list[int] 
                 key = name if i == 0 else f"{name}#{i + 1}"
                 raise InputError(d.path, f"tensor {key!r} has {len(p)} values but its forward pass has {n} token ids")
     return parts
+
+
+def _from_ownership(d: Dump, per_pass: list[int] | None) -> tuple[list[np.ndarray] | None, list[np.ndarray] | None]:
+    """A data-parallel merge without recorded positions: each rank declared which tokens its
+    rows are (request + position, or the row of a one-sequence batch), so a token no rank
+    holds is a gap the positions jump over, not a change of context."""
+    keys = getattr(d, "token_keys", None)
+    if not keys or (per_pass is not None and len(keys) != per_pass[0]) or not _unowned(d):
+        return None, None  # nothing missing: the merged rows are the tokens in order
+    if len(keys[0]) == 1:
+        return [np.asarray([int(k[0]) for k in keys], np.int64)], None
+    reqs = {q: i for i, q in enumerate(dict.fromkeys(k[0] for k in keys))}
+    return [np.asarray([int(k[1]) for k in keys], np.int64)], [np.asarray([reqs[k[0]] for k in keys], np.int64)]
 
 
 def _rows_per_pass(d: Dump, groups: dict, k: int) -> list[int]:
