@@ -116,7 +116,8 @@ def _missing(sp: Span, rlabel: str, clabel: str, disproved: bool = False) -> Fin
 def _replaced(rep: Replacement, rlabel: str, clabel: str) -> Finding:
     r, c = rep.ref, rep.cand
     both = f"{rlabel} {_count(r.length)} {_describe(r)} vs {clabel} {_count(c.length)} {_describe(c)}"
-    at = f" (position {r.positions[0]})" if r.positions else ""
+    pos = r.positions or c.positions
+    at = f" (position {pos[0]})" if pos else ""
     if rep.where == "end":
         msg = (f"{clabel} went on differently from {rlabel} row {r.start}{at}: {both}; a sampled continuation (both "
                "sides diverge at one token), not decode steps or a shorter capture; the tokens before it are compared, "
@@ -151,7 +152,8 @@ def _uncaptured(sp: Span, rlabel: str, clabel: str, al: TokenAlignment) -> Findi
 
 def _verify(v: dict, label: str) -> Finding:
     bits = [f"{v['rewinds']} verify pass{'es' if v['rewinds'] != 1 else ''} rewound into the drafted rows of the pass "
-            f"before, superseding {_count(v['superseded'], 'rejected-draft')} (rows of rejected drafts, recomputed)"]
+            f"before, superseding {v['superseded']} row{'s' if v['superseded'] != 1 else ''} of rejected drafts (recomputed by "
+            "the next pass)"]
     if v["unconfirmed"]:
         bits.append(f"{_count(v['unconfirmed'])} drafted by the last verify pass of a request were not kept: no later "
                     "pass shows which were accepted")

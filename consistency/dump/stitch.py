@@ -150,8 +150,9 @@ def layout(d: Dump) -> Layout:
     if per_pass is None and pos_parts is not None:
         per_pass = [len(p) for p in pos_parts]
     req_parts = _layout_parts(d, groups, REQUEST_IDS, k, per_pass)
-    if pos_parts is None and req_parts is None and k == 1:
-        pos_parts, req_parts = _from_ownership(d, per_pass)
+    if req_parts is None and k == 1:
+        own_pos, req_parts = _from_ownership(d, per_pass)
+        pos_parts = pos_parts if pos_parts is not None else own_pos
     if per_pass is None:
         per_pass = _rows_per_pass(d, groups, k)
     total = sum(per_pass)
