@@ -13,6 +13,15 @@ first n-1 slots (``hidden_states[:, :-1].flatten(1)``) and uses the last one as 
 verifier's last hidden state (``scripts/launch_vllm.py`` appends id N, pre-norm). We map
 them the same way: ``aux.0 .. aux.{n-2}``, and the last slot as ``hidden.{s}`` when the
 ids say which stream it is, else ``verifier_last_hidden_states``.
+
+speculators' MTP trainer reads the same files another way (``models/mtp/data.py``
+``shift_batch_mtp``: ``hidden_states = batch["verifier_last_hidden_states"]``; ``core.py``:
+``target_layer_ids = [num_hidden_layers]``): its draft is fed the *last* slot only, pre-norm.
+A file holding one slot can only be MTP data (the EAGLE-3 trainer would feed nothing from
+it), so it is read as such: ``aux.0`` is that slot, and the file claims speculators' MTP
+consumer. A file of several slots serves both trainers; it reads as EAGLE-3 unless the user
+declares an MTP draft (``--consumer mtp``, a contract's consumer, replay of an MTP draft),
+which reads it with :func:`open_mtp`: ``aux.0`` is the last slot, the others ``hidden.{s}``.
 """
 
 from __future__ import annotations
@@ -23,7 +32,8 @@ from pathlib import Path
 
 import numpy as np
 
-from consistency.contract.models import DumpMetadata, ModelInfo, RuntimeInfo
+from consistency.contract import consumers
+from consistency.contract.models import Consumer, DumpMetadata, ModelInfo, RuntimeInfo
 from consistency.dump import dtypes, names, safetensors_io
 from consistency.dump.formats.base import (
     Claims,
@@ -35,7 +45,7 @@ from consistency.dump.formats.base import (
     split_slots,
     tensor_meta,
 )
-from consistency.dump.reader import META_KEY, TensorView
+from consistency.dump.reader import META_KEY, Dump, TensorView
 from consistency.errors import InputError
 
 NAME = "speculators"
@@ -57,15 +67,35 @@ def sniff(path: Path, head: bytes) -> bool:
 
 
 def open_file(path: Path, layer_ids: Sequence[int] | None = None, convention: str | None = None) -> ForeignDump:
+    return _open(path, layer_ids, convention, mtp=False)
+
+
+def open_mtp(path: Path, layer_ids: Sequence[int] | None = None, convention: str | None = None) -> ForeignDump:
+    """The file as speculators' MTP trainer reads it: the last slot is the draft's input."""
+    return _open(path, layer_ids, convention, mtp=True)
+
+
+def as_mtp(d: Dump) -> Dump:
+    """``d`` read the MTP way when it is a speculators file read the EAGLE-3 way (else ``d``;
+    the caller closes both)."""
+    if not isinstance(d, ForeignDump) or d.format != NAME or getattr(d, "mtp_reading", False):
+        return d
+    return open_mtp(d.path, *getattr(d, "opened_with", (None, None)))
+
+
+def _open(path: Path, layer_ids: Sequence[int] | None, convention: str | None, mtp: bool) -> ForeignDump:
     fd = safetensors_io.open_regular(path)
     try:
-        return _build(path, fd, layer_ids, convention)
+        out = _build(path, fd, layer_ids, convention, mtp)
     except BaseException:
         os.close(fd)
         raise
+    out.opened_with = (layer_ids, convention)
+    return out
 
 
-def _build(path: Path, fd: int, layer_ids: Sequence[int] | None, convention: str | None) -> ForeignDump:
+def _build(path: Path, fd: int, layer_ids: Sequence[int] | None, convention: str | None,
+           mtp: bool = False) -> ForeignDump:
     hdr = safetensors_io.parse_header(path, fd)
     missing = KEYS - set(hdr.entries)
     if missing:
@@ -98,23 +128,44 @@ def _build(path: Path, fd: int, layer_ids: Sequence[int] | None, convention: str
                           tok.begin, path)
     tensors[names.INPUT_IDS] = ids_view
     metas[names.INPUT_IDS] = tensor_meta(ids_view, "speculators token_ids")
-    for i, v in enumerate(slots[:-1]):
-        tensors[names.aux(i)] = rename(v, names.aux(i))
-        metas[names.aux(i)] = tensor_meta(tensors[names.aux(i)], f"speculators hidden_states[:, {i}]")
     last_stream = claims.streams[-1] if claims.streams is not None and len(claims.streams) == n else None
-    last_name = names.hidden(last_stream) if last_stream is not None else LAST
-    tensors[last_name] = rename(slots[-1], last_name)
-    metas[last_name] = tensor_meta(tensors[last_name], f"speculators hidden_states[:, {n - 1}] "
-                                   "(the trainer's verifier_last_hidden_states)")
-    if n == 1:
-        notes.append("only one slot: speculators' trainer would feed the draft nothing (it keeps the last slot as "
-                     "the verifier's last hidden state)")
-    if last_stream is None and claims.streams is not None:
-        notes.append(f"the last slot is the verifier's last hidden state (launch_vllm.py appends N); pass its id "
-                     f"too (--layer-ids {','.join(map(str, claims.native or []))},N) to name it hidden.N")
+    extra: dict = {}
+    if mtp or n == 1:  # speculators' MTP trainer: the last slot is the draft's input, pre-norm
+        tensors[names.aux(0)] = rename(slots[-1], names.aux(0))
+        metas[names.aux(0)] = tensor_meta(tensors[names.aux(0)], f"speculators hidden_states[:, {n - 1}] (the MTP "
+                                          "trainer's verifier_last_hidden_states, shift_batch_mtp)")
+        for i, v in enumerate(slots[:-1]):  # the other slots: streams to identify with, when the ids name them
+            if claims.streams is not None and len(claims.streams) == n:
+                nm = names.hidden(claims.streams[i])
+                tensors[nm] = rename(v, nm)
+                metas[nm] = tensor_meta(tensors[nm], f"speculators hidden_states[:, {i}]")
+        aux = aux_info(Claims([last_stream], claims.native[-1:] if claims.native else None, claims.convention),
+                       1) if last_stream is not None else None
+        extra["consumer"] = next(r for r in consumers.rows(Consumer.mtp) if r.code == "speculators-mtp").spec().model_dump(
+            mode="json")
+        notes.append(("one slot: " if n == 1 else f"read as MTP training data ({n} slots): ") +
+                     "speculators' MTP trainer feeds the draft the last slot (verifier_last_hidden_states, pre-norm; "
+                     "models/mtp/data.py shift_batch_mtp)" + ("" if last_stream is not None else
+                                                              "; pass --layer-ids N to name its stream"))
+    else:
+        for i, v in enumerate(slots[:-1]):
+            tensors[names.aux(i)] = rename(v, names.aux(i))
+            metas[names.aux(i)] = tensor_meta(tensors[names.aux(i)], f"speculators hidden_states[:, {i}]")
+        last_name = names.hidden(last_stream) if last_stream is not None else LAST
+        tensors[last_name] = rename(slots[-1], last_name)
+        metas[last_name] = tensor_meta(tensors[last_name], f"speculators hidden_states[:, {n - 1}] "
+                                       "(the trainer's verifier_last_hidden_states)")
+        if last_stream is None and claims.streams is not None:
+            notes.append(f"the last slot is the verifier's last hidden state (launch_vllm.py appends N); pass its id "
+                         f"too (--layer-ids {','.join(map(str, claims.native or []))},N) to name it hidden.N")
+        aux = aux_info(claims, n - 1)
+    if notes:
+        extra["notes"] = notes
     meta = DumpMetadata(side="training", runtime=RuntimeInfo(name=NAME), model=ModelInfo(hidden_size=h, dtype=hs.dtype),
-                        aux=aux_info(claims, n - 1), tensors=metas, extra={"notes": notes} if notes else {})
-    return ForeignDump(path, NAME, tensors, meta, fds=[fd])
+                        aux=aux, tensors=metas, extra=extra)
+    out = ForeignDump(path, NAME, tensors, meta, fds=[fd])
+    out.mtp_reading = mtp or n == 1
+    return out
 
 
 def _claims(path: Path, layer_ids: Sequence[int] | None, convention: str | None, n: int) -> Claims:
