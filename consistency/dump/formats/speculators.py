@@ -26,7 +26,9 @@ which reads it with :func:`open_mtp`: ``aux.0`` is the last slot, the others ``h
 
 from __future__ import annotations
 
+import json
 import os
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -49,6 +51,8 @@ from consistency.dump.reader import META_KEY, Dump, TensorView
 from consistency.errors import InputError
 
 NAME = "speculators"
+MAX_ARROW = 4 << 30  # a dataset shard larger than this is not read for a loss mask
+LOSS_MASK = "loss_mask"
 KEYS = frozenset({"hidden_states", "token_ids"})
 SCALES = "hidden_states_scales"
 LAST = "verifier_last_hidden_states"  # speculators' own name for the split-off last slot
@@ -159,6 +163,14 @@ def _build(path: Path, fd: int, layer_ids: Sequence[int] | None, convention: str
             notes.append(f"the last slot is the verifier's last hidden state (launch_vllm.py appends N); pass its id "
                          f"too (--layer-ids {','.join(map(str, claims.native or []))},N) to name it hidden.N")
         aux = aux_info(claims, n - 1)
+    mask, why = loss_mask_beside(path, np.asarray(ids_view.read_all()).reshape(-1).astype(np.int64))
+    if why:
+        notes.append(why)
+    if mask is not None:
+        from consistency.dump.rows import array_view
+
+        tensors[LOSS_MASK] = array_view(LOSS_MASK, mask, path, "int64")
+        metas[LOSS_MASK] = tensor_meta(tensors[LOSS_MASK], "speculators dataset loss_mask (beside the hs files)")
     if notes:
         extra["notes"] = notes
     meta = DumpMetadata(side="training", runtime=RuntimeInfo(name=NAME), model=ModelInfo(hidden_size=h, dtype=hs.dtype),
@@ -166,6 +178,49 @@ def _build(path: Path, fd: int, layer_ids: Sequence[int] | None, convention: str
     out = ForeignDump(path, NAME, tensors, meta, fds=[fd])
     out.mtp_reading = mtp or n == 1
     return out
+
+
+def loss_mask_beside(path: Path, token_ids: np.ndarray) -> tuple[np.ndarray | None, str | None]:
+    """The loss mask speculators keeps beside its files: ``hs_{i}`` is row i of the
+    preprocessed dataset (``train/data.py`` ArrowDataset: ``transfer = FileTransfer(datapath /
+    "hidden_states")``, the row's ``loss_mask``) saved with ``save_to_disk`` in the parent
+    directory. Read with pyarrow (Arrow IPC, no code runs) when it is installed; the row is
+    used only when its ``input_ids`` are the file's token ids, as speculators checks."""
+    m = re.fullmatch(r"hs_(\d{1,12})\.safetensors", path.name)
+    root = path.parent.parent
+    state = root / "state.json"
+    if m is None or path.parent.name != "hidden_states" or not state.is_file():
+        return None, None
+    try:
+        import pyarrow.ipc as ipc  # noqa: PLC0415 - optional: present wherever speculators is
+    except ImportError:
+        return None, f"{root.name}/ holds speculators' dataset, but pyarrow is not installed: its loss mask was not read"
+    row = int(m.group(1))
+    try:
+        files = [f["filename"] for f in json.loads(state.read_text())["_data_files"]]
+        for f in files:
+            fp = (root / f).resolve()
+            if fp.parent != root.resolve() or fp.stat().st_size > MAX_ARROW:
+                raise ValueError(f"refusing {f!r}")
+            with ipc.open_stream(str(fp)) as reader:
+                table = reader.read_all()
+            if row < table.num_rows:
+                ids = np.asarray(table.column("input_ids")[row].as_py(), np.int64)
+                mask = np.asarray(table.column("loss_mask")[row].as_py(), np.int64)
+                break
+            row -= table.num_rows
+        else:
+            return None, f"{root.name}/'s dataset has no row {m.group(1)}: its loss mask was not read"
+    except (OSError, ValueError, KeyError, TypeError, IndexError) as exc:
+        return None, f"{root.name}/'s dataset could not be read ({type(exc).__name__}): its loss mask was not read"
+    except Exception as exc:  # noqa: BLE001 - pyarrow's own errors (ArrowInvalid, ...) on a damaged file
+        return None, f"{root.name}/'s dataset could not be read ({type(exc).__name__}): its loss mask was not read"
+    t = len(token_ids)
+    if len(mask) != t or not np.array_equal(ids, token_ids):
+        return None, f"{root.name}/'s row {m.group(1)} is not this file's tokens ({len(ids)} vs {t}): its loss mask " \
+                     "was not used"
+    return mask, f"loss mask read from {root.name}/ (speculators' dataset row {m.group(1)}: {int((mask != 0).sum())} " \
+                 f"of {t} tokens supervised)"
 
 
 def _claims(path: Path, layer_ids: Sequence[int] | None, convention: str | None, n: int) -> Claims:
