@@ -47,10 +47,14 @@ class Emulated:
 
 
 def verify_loop(model, prompt: np.ndarray, accept: list[int], k: int, path: Path, slots: list[int],  # noqa: ANN001
-                chunks: int = 1, request: int | None = None, rec: Recorder | None = None) -> Emulated:
-    """Prefill ``prompt`` (in ``chunks`` passes), then one verify pass per entry of ``accept``."""
+                chunks: int = 1, request: int | None = None, rec: Recorder | None = None,
+                continuation: np.ndarray | None = None) -> Emulated:
+    """Prefill ``prompt`` (in ``chunks`` passes), then one verify pass per entry of ``accept``.
+    ``continuation``: the answer the server ends up generating (default: the target's greedy one)."""
     n_gen = sum(a + 1 for a in accept) + k + 1
-    gen = greedy(model, prompt, n_gen)
+    gen = greedy(model, prompt, n_gen) if continuation is None else np.asarray(continuation, np.int64)
+    if len(gen) < n_gen:
+        raise ValueError(f"a continuation of {len(gen)} tokens is too short for these passes ({n_gen})")
     vocab = model.config.vocab_size
     own = rec is None
     rec = rec if rec is not None else Recorder(path, force=True)
