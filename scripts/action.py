@@ -7,7 +7,7 @@ inputs as environment variables / arguments only. Standard library only: it runs
 consistency is installed.
 
 ``install``: the package from the action's own checkout (``version`` empty: the action
-ref is the package version), ``consistency==VERSION`` for a version number, or any other
+ref is the package version), ``specdec-consistency==VERSION`` (the distribution's name on PyPI) for a version number, or any other
 pip requirement as given. torch comes in only when the config declares a ``[[replay]]``
 (lint and compare never import it), and then as the CPU wheel, not a multi-GB CUDA one.
 
@@ -29,6 +29,7 @@ import tempfile
 from pathlib import Path
 
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+DIST = "specdec-consistency"  # the distribution's name on PyPI (consistency/__init__.py DIST; `consistency` is another project)
 FAIL_ON = ("", "error", "warning", "never")
 _REPLAY = re.compile(r"^\s*\[\[\s*replay\s*\]\]", re.M)
 _VERSION = re.compile(r"^v?\d+(\.\d+)*([abc]|rc|\.post|\.dev)?\d*$")
@@ -44,13 +45,13 @@ def declares_replay(config: Path) -> bool:
 
 
 def requirement(version: str, source: Path, extra: str = "") -> str:
-    """What pip installs: the action's checkout, ``consistency==X``, or a requirement as given."""
+    """What pip installs: the action's checkout, ``specdec-consistency==X``, or a requirement as given."""
     v = version.strip()
     ext = f"[{extra}]" if extra else ""
     if not v:
         return f"{source}{ext}"
     if _VERSION.match(v):
-        return f"consistency{ext}=={v.removeprefix('v')}"
+        return f"{DIST}{ext}=={v.removeprefix('v')}"
     return v  # a URL or requirement the user spelled out, extras included if wanted
 
 

@@ -42,7 +42,7 @@ def test_install_without_torch_unless_replay_is_declared(tmp_path: Path) -> None
     rc, out, log = action("install", "--dry-run", "--config", replay, "--version", "v0.1.0", tmp=tmp_path)
     assert rc == 0 and out["replay"] == "true"
     assert log.strip().splitlines() == ["+ -m pip install -q torch --index-url https://download.pytorch.org/whl/cpu",
-                                        "+ -m pip install -q consistency[hf]==0.1.0"]
+                                        "+ -m pip install -q specdec-consistency[hf]==0.1.0"]
     url = "git+https://example.invalid/consistency@main"
     rc, _out, log = action("install", "--dry-run", "--config", plain, "--version", url, tmp=tmp_path)
     assert log.strip() == f"+ -m pip install -q {url}"
@@ -133,13 +133,42 @@ def _project(tmp: Path, draft: str, runtime: str) -> Path:
     return tmp
 
 
+def _documented_inputs() -> set[str]:
+    """Every input file a documented consistency.toml names (docs/ci.md, the tutorial), as a
+    repository path; a draft directory stands for its config.json and its weights."""
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        import tomli as tomllib
+    found: set[str] = set()
+    for doc in ("docs/ci.md", "docs/tutorial-low-acceptance.md"):
+        text = (ROOT / doc).read_text()  # ```toml blocks, and configs a console block writes with a heredoc
+        for block in re.findall(r"```toml\n(.*?)```", text, re.S) + \
+                re.findall(r"cat > \S*\.toml <<'EOF'\n(.*?)^EOF$", text, re.S | re.M):
+            cfg = tomllib.loads(block)
+            for entry in (e for kind in ("lint", "compare", "replay") for e in cfg.get(kind, [])):
+                for key in ("draft", "target", "trained_with", "reference", "candidate", "contract"):
+                    v = entry.get(key)
+                    if not isinstance(v, str) or ":" in v or v.startswith("tiny-"):
+                        continue  # "specforge:1,29,57" and built-in names are not files
+                    found |= {v} if Path(v).suffix else {f"{v}/config.json", f"{v}/model.safetensors"}
+    return found
+
+
 def test_precommit_hook_files_pattern() -> None:
+    """Each hook fires on every input the documented configs name (configs/kimi-k2.5.json is not
+    config.json), on the gate config wherever it lives, and not on unrelated files."""
+    docs = _documented_inputs()
+    assert {"configs/kimi-k2.5.json", "target-config.json", "dumps/train.safetensors"} <= docs, docs
+    for hook in ("consistency-lint", "consistency-lint-draft"):
+        pat = re.compile(_hooks()[hook]["files"])
+        for f in sorted(docs) + ["drafts/kimi/config.json", "config.json", "drafts/kimi/model.safetensors",
+                                 "drafts/kimi/model.safetensors.index.json", "contract.yaml"]:
+            assert pat.search(f), (hook, f)
+        for f in ("README.md", "consistency.toml.bak", "src/train.py", "my_config.json.orig", "model.bin"):
+            assert not pat.search(f), (hook, f)
     pat = re.compile(_hooks()["consistency-lint"]["files"])
-    for f in ("consistency.toml", "ci/consistency.toml", "drafts/kimi/config.json", "config.json",
-              "drafts/kimi/model.safetensors", "drafts/kimi/model.safetensors.index.json"):
-        assert pat.search(f), f
-    for f in ("README.md", "consistency.toml.bak", "src/train.py", "my_config.json.orig"):
-        assert not pat.search(f), f
+    assert all(pat.search(f) for f in ("consistency.toml", "ci/consistency.toml", "ci/gate.toml"))
 
 
 def test_precommit_hook_entry_on_real_files(tmp_path: Path) -> None:

@@ -333,10 +333,10 @@ def test_gate_without_torch_runs_lint_and_compare_and_skips_replay_with_the_inst
     verdicts = {c["name"]: c["verdict"] for c in rep["checks"]}
     assert verdicts == {"kimi-fixed": "pass", "same": "pass", "acc": "skipped"}
     acc = next(c for c in rep["checks"] if c["name"] == "acc")
-    assert "pip install 'consistency[hf]'" in acc["summary"]
+    assert "pip install 'specdec-consistency[hf]'" in acc["summary"]
     assert all(c["status"] == "skipped" for c in acc["cases"])  # never counted as passed
     assert rep["summary"].startswith("3 checks: 2 passed, 0 failed, 0 errored, 1 skipped")
-    assert r.returncode == 0 and "pip install 'consistency[hf]'" in r.stdout
+    assert r.returncode == 0 and "pip install 'specdec-consistency[hf]'" in r.stdout
     suite = next(s for s in ET.parse(tmp_path / "g.xml").getroot().iter("testsuite") if s.get("name") == "replay: acc")
     assert suite.get("skipped") == "1" and suite.get("failures") == "0"
 
@@ -353,3 +353,13 @@ def test_quiet_prints_the_verdict_line_only_and_counts_read_as_english(tmp_path:
     assert r.returncode == 0 and r.stdout.splitlines() == ["PASS  1 check: 1 passed, 0 failed, 0 errored, 0 skipped"]
     r = run_cli("gate", "--config", str(cfg), "--quiet")
     assert r.returncode == 1 and len(r.stdout.splitlines()) == 1 and r.stdout.startswith("FAIL  2 checks: ")
+
+
+def test_a_kind_with_zero_checks_is_nothing_to_check(tmp_path):
+    """--kind replay on a config without [[replay]]: exit 2, never a pass of zero checks (issue 24)."""
+    from tests.conftest import run_cli
+
+    cfg = tmp_path / "consistency.toml"
+    cfg.write_text('[[lint]]\nname = "l"\ntarget = "tiny-llama"\n')
+    r = run_cli("gate", "--config", str(cfg), "--kind", "replay", cwd=tmp_path)
+    assert r.returncode == 2 and "nothing to check" in r.stderr, r.stderr

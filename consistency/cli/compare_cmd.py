@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 import click
 
-from consistency.errors import UsageError
+from consistency.errors import UsageError, install_line
 from consistency.report.escape import term
 
 
@@ -51,7 +51,7 @@ def compare(reference: str, candidate: str, contract: str | None, json_out: str 
         try:
             from consistency.report.visual import require_png
         except ImportError as exc:
-            raise UsageError(f"--png needs the report extra: pip install 'consistency[report]' ({exc})") from None
+            raise UsageError(f"--png needs the report extra: {install_line('report')} ({exc})") from None
         require_png()
     from consistency.compare.request import CompareRequest
     from consistency.diagnose.pipeline import run_request
@@ -85,11 +85,11 @@ def compare(reference: str, candidate: str, contract: str | None, json_out: str 
 
 
 def write_visual(rep, html_out: str | None, png_dir: str | None, force: bool) -> None:  # noqa: ANN001
-    """HTML and PNG reports (optional extra: consistency[report])."""
+    """HTML and PNG reports (optional extra: the distribution's ``[report]``)."""
     try:
         from consistency.report import visual
     except ImportError as exc:
-        raise UsageError(f"--html/--png need the report extra: pip install 'consistency[report]' ({exc})") from None
+        raise UsageError(f"--html/--png need the report extra: {install_line('report')} ({exc})") from None
     from pathlib import Path
 
     import click as _click

@@ -24,9 +24,9 @@ def convert_file(src: str | Path, out: str | Path, layer_ids: list[int] | None =
     from consistency.dump.atomic import check_writable
     from consistency.dump.formats.base import ScaledView
     from consistency.dump.sets import open_side
-    from consistency.dump.writer import write_dump
+    from consistency.dump.writer import check_dump_name, write_dump
 
-    src_p, out_p = Path(src), Path(out)
+    src_p, out_p = Path(src), check_dump_name(out)
     check_writable(out_p, force)
     if src_p.exists() and out_p.exists() and src_p.resolve() == out_p.resolve():
         raise UsageError(f"{out_p}: the output would overwrite the input")

@@ -96,6 +96,7 @@ def gate(config_path: str, json_out: str | None, junit: str | None, sarif: str |
     --force is accepted from the command line only.
     """
     from consistency.dump.atomic import check_writable, write_text_atomic
+    from consistency.errors import UsageError
     from consistency.gate.config import load
     from consistency.gate.runner import Runners, run_gate
     from consistency.report.ci_formats import github_annotations, junit_xml, markdown_summary
@@ -103,7 +104,11 @@ def gate(config_path: str, json_out: str | None, junit: str | None, sarif: str |
 
     cfg = load(config_path, builtin_names())
     if kinds:
-        cfg.checks = [c for c in cfg.checks if c.kind in kinds]
+        kept = [c for c in cfg.checks if c.kind in kinds]
+        if not kept:  # exit 2, never a pass of zero checks
+            raise UsageError(f"nothing to check: --kind {', '.join(kinds)}, but the config declares only "
+                             f"{', '.join(sorted({c.kind for c in cfg.checks}))} checks")
+        cfg.checks = kept
     st = cfg.settings
     json_out, junit, sarif = json_out or st.get("json"), junit or st.get("junit"), sarif or st.get("sarif")
     for out in (json_out, junit, sarif, summary or st.get("summary")):

@@ -160,8 +160,9 @@ def record(model_spec: str, gguf_file: str | None, prompt: str | None, ids_file:
     """Record a dump: training style (all streams, deltas, final norm, aux slots) or
     serving style (aux slots as a fused-residual runtime builds them)."""
     from consistency.dump.atomic import check_writable
+    from consistency.dump.writer import check_dump_name
 
-    check_writable(output, force)
+    check_writable(check_dump_name(output), force)
     if (prompt is None) == (ids_file is None):
         raise UsageError("give exactly one of --prompt and --input-ids")
     if dtype not in ("float32", "bfloat16", "float16", "float64"):
@@ -169,15 +170,18 @@ def record(model_spec: str, gguf_file: str | None, prompt: str | None, ids_file:
     ids = read_input_ids(ids_file) if ids_file else None
     status = _status(f"loading {model_spec}")
     try:
-        from consistency.record.api import record_reference, record_serving, resolve_streams
-        from consistency.record.models import builtin_names, load_model
+        from consistency.record.api import out_of_vocab, record_reference, record_serving, resolve_streams
+        from consistency.record.models import check_model_spec, load_model
 
         note = None
-        if ids is None and model_spec not in builtin_names():  # a tokenizer problem stops before the model loads
+        local = check_model_spec(model_spec)  # a typo is named before a tokenizer is looked for
+        if ids is None and local is not None:  # a tokenizer problem stops before the model loads
             ids, note = tokenize_prompt(None, model_spec, prompt or "", gguf_file)
         model = load_model(model_spec, dtype=dtype, seed=seed, gguf_file=gguf_file)
         if ids is None:
             ids, note = tokenize_prompt(model, model_spec, prompt or "", gguf_file)
+        elif problem := out_of_vocab(ids, model, f"--model {model_spec}"):
+            raise InputError(ids_file, problem)
         if note:
             click.echo(f"note: {_term(note)}", err=True)
         native = parse_ids(aux_layers)

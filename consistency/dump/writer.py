@@ -19,7 +19,7 @@ from consistency.contract.models import DumpMetadata, TensorMeta
 from consistency.dump import dtypes, npz_io, safetensors_io
 from consistency.dump.atomic import atomic_write, check_writable
 from consistency.dump.reader import META_KEY
-from consistency.errors import UsageError
+from consistency.errors import InputError, UsageError
 
 TensorLike = Union[np.ndarray, tuple[np.ndarray, str]]
 
@@ -37,9 +37,40 @@ def normalize(value: TensorLike) -> tuple[np.ndarray, str]:
     return arr, dtypes.from_numpy(arr.dtype).name
 
 
+# what a dump is written as; the suffix picks the format, so any other name would hold one
+# format's bytes under another's name (``x.pt``: torch.load would read safetensors as a pickle)
+WRITE_SUFFIXES = (".safetensors", ".npz")
+_PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".pkl", ".pickle")
+
+
+def dump_name_problem(path: str | Path) -> str | None:
+    """Why ``path`` is not a name a dump can be written under, or None."""
+    p = Path(path)
+    if p.suffix in WRITE_SUFFIXES:
+        return None
+    said = f"'{p.suffix}'" if p.suffix else "a name without a suffix"
+    why = " (torch.load reads it as a pickle)" if p.suffix.lower() in _PICKLE_SUFFIXES else ""
+    return (f"a dump is written as .safetensors or .npz (the suffix picks the format), not as {said}{why}; "
+            f"write {_suggest(p)} instead")
+
+
+def _suggest(p: Path) -> str:
+    stem = p.with_suffix("")  # x.pt -> x; x.safetensors.tmp -> x.safetensors
+    return stem.name if stem.suffix in WRITE_SUFFIXES else stem.name + ".safetensors"
+
+
+def check_dump_name(path: str | Path) -> Path:
+    """Refuse a dump name whose suffix is not a format we write: one line, exit code 2, before any work."""
+    problem = dump_name_problem(path)
+    if problem:
+        raise InputError(path, problem)
+    return Path(path)
+
+
 def write_dump(path: str | Path, tensors: Mapping[str, TensorLike], metadata: DumpMetadata | None = None,
                force: bool = False, extra_header: Mapping[str, str] | None = None) -> Path:
-    """Write ``tensors`` to ``path``; the suffix picks the format (``.npz`` or safetensors)."""
+    """Write ``tensors`` to ``path``; the suffix picks the format (``.npz`` or ``.safetensors``)."""
+    check_dump_name(path)
     p = check_writable(path, force)
     if not tensors:
         raise UsageError(f"{p}: no tensors to write (readers refuse an empty dump)")
@@ -71,7 +102,3 @@ def write_dump(path: str | Path, tensors: Mapping[str, TensorLike], metadata: Du
             header = {META_KEY: meta_json, **extra}
             safetensors_io.write_safetensors(fh, arrays, header)
     return p
-
-
-def metadata_json(meta: DumpMetadata) -> str:
-    return json.dumps(json.loads(meta.model_dump_json(exclude_none=True)), indent=2)

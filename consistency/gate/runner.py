@@ -152,11 +152,12 @@ def _run(check: Check, runners: Runners) -> GateCheck:
 def run_gate(cfg: GateConfig, runners: Runners, only: tuple[str, ...] = ()) -> GateReport:
     t0 = time.perf_counter()
     checks = [c for c in cfg.checks if not only or c.name in only or f"{c.kind}/{c.name}" in only]
-    if only and not checks:
+    if not checks:  # a run that checks nothing is never a pass
         from consistency.errors import UsageError
 
-        raise UsageError(f"--only {', '.join(only)}: no such check; declared: "
-                         f"{', '.join(f'{c.kind}/{c.name}' for c in cfg.checks)}")
+        what = f"--only {', '.join(only)} names no declared check" if only else "the selection holds no check"
+        declared = ", ".join(f"{c.kind}/{c.name}" for c in cfg.checks) or "none"
+        raise UsageError(f"nothing to check: {what}; declared: {declared}")
     results = [_run(c, runners) for c in checks]
     counts = {s: sum(k.status == s for r in results for k in r.cases) for s in ("passed", "failed", "skipped", "error")}
     verdicts = [r.verdict for r in results]

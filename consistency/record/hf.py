@@ -117,18 +117,6 @@ def _check_components(out: dict[str, torch.Tensor], n: int, notes: list[str]) ->
             notes.append(f"layer {k}: attention/MLP outputs do not add up to the next stream "
                          f"(relative error {err:.1e}); components not recorded")
 
-
-def aux_slots(streams: dict[str, torch.Tensor], stream_ids: Sequence[int]) -> dict[str, torch.Tensor]:
-    """The aux slots as a training pipeline feeds them: stream tensors in slot order."""
-    out = {}
-    for i, s in enumerate(stream_ids):
-        key = names.hidden(s)
-        if key not in streams:
-            raise ValueError(f"stream {s} is out of range (the model has streams 0..{_max_stream(streams)})")
-        out[names.aux(i)] = streams[key].clone()
-    return out
-
-
 def _max_stream(streams: dict[str, torch.Tensor]) -> int:
     return max((names.stream_of(n) or 0) for n in streams)
 

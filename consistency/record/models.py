@@ -43,13 +43,30 @@ def build_builtin(name: str, seed: int = DEFAULT_SEED, dtype: str = "float32") -
     return model.to(getattr(torch, dtype)).eval()
 
 
-def load_model(spec: str, dtype: str = "float32", seed: int = DEFAULT_SEED, gguf_file: str | None = None) -> Any:
-    """A built-in tiny name, or a local Hugging Face directory (never downloads)."""
-    if spec in builtin_names():
-        return build_builtin(spec, seed, dtype)
+def check_model_spec(spec: str) -> Path | None:
+    """None for a built-in name, the directory for a local model; anything else (a typo, a
+    Hub id: we never download) is one line that lists the built-in names, before any
+    tokenizer or model is touched."""
+    names = builtin_names()
+    if spec in names:
+        return None
     p = Path(spec)
     if not p.is_dir():
-        raise InputError(p, f"not a built-in model ({', '.join(builtin_names())}) nor a local model directory")
+        import difflib
+
+        close = difflib.get_close_matches(spec, names, n=1)
+        hint = f"; did you mean {close[0]}?" if close else ""
+        what = "is not a directory" if p.exists() else "no such directory"
+        raise InputError(p, f"not a built-in model ({', '.join(names)}) nor a local model directory ({what}; "
+                            f"models are never downloaded){hint}")
+    return p
+
+
+def load_model(spec: str, dtype: str = "float32", seed: int = DEFAULT_SEED, gguf_file: str | None = None) -> Any:
+    """A built-in tiny name, or a local Hugging Face directory (never downloads)."""
+    p = check_model_spec(spec)
+    if p is None:
+        return build_builtin(spec, seed, dtype)
     import sys
 
     import torch

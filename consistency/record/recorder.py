@@ -22,14 +22,14 @@ import os
 import sys
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from consistency import __version__
 from consistency.contract.models import AuxInfo, DumpMetadata, ModelInfo, RuntimeInfo, TensorMeta
-from consistency.dump.writer import write_dump
+from consistency.dump.writer import dump_name_problem, write_dump
 from consistency.record.tensors import layout, to_numpy
 
 ENV_PATH = "CONSISTENCY_RECORD"
@@ -38,6 +38,8 @@ ENV_FORCE = "CONSISTENCY_FORCE"  # "1": the environment recorder may overwrite a
 
 _active: Recorder | None = None
 _lock = threading.Lock()
+# graph-safe mode (consistency/record/graphs.py) sets this: (recorder, name, tensor, producer, meta) -> taken
+graph_hook: Callable[[Recorder, str, Any, str | None, dict[str, Any]], bool] | None = None
 
 
 def dist_info() -> tuple[int | None, int | None]:
@@ -213,6 +215,10 @@ def _preflight(rec: Recorder) -> None:
     if not rec.enabled:
         return
     p = rec.path
+    problem = dump_name_problem(p)
+    if problem:  # x.pt would be refused at exit: keep the name, add the suffix that says what it holds
+        p = rec.redirect = p.with_name(p.name + ".safetensors")
+        _say(f"{rec.path}: {problem.split(';')[0]}; the recording will be written to {p}")
     if (p.exists() or p.is_symlink()) and not rec.force:
         if p.is_dir() or (p.exists() and not p.is_file()):
             rec.redirect = sibling(p.parent / (p.name + ".safetensors")) if p.is_dir() else sibling(p)
@@ -274,6 +280,8 @@ def capture(name: str, tensor: Any, producer: str | None = None, positions: Any 
             return
     if positions is not None:
         meta["positions"] = positions
+    if graph_hook is not None and graph_hook(rec, name, tensor, producer, meta):
+        return  # inside a CUDA-graph capture: buffered, drained after each replay
     rec.capture(name, tensor, producer, **meta)
 
 
