@@ -220,3 +220,24 @@ def test_the_tokenizers_own_template_against_specforges_is_a_context_difference(
     assert rep.verdict == "fail" and errors == ["CONTEXT_DIFFERS"] and rep.summary.startswith("CONTEXT_DIFFERS")
     first = rep.alignment["replaced"][0]  # both begin "<|im_start|>system\n...", then each its own system prompt
     assert first["where"] == "middle" and 0 < first["reference"]["start"] < 12 and 0 < first["candidate"]["start"] < 12
+
+
+@pytest.mark.slow
+def test_replay_of_a_batch_reads_each_request_on_its_own(tmp_path: Path) -> None:
+    """A reference holding two requests ([2, T], as compare reads batches) against a dump of
+    the second: replay finds that request (never a run across the boundary), the target
+    labels each request in its own context, and the figures equal the second's alone."""
+    from consistency.record.api import record_reference
+    from consistency.replay.engine import run_replay
+    from tests.serving import greedy
+    from tests.test_replay import TD, _draft, _target
+
+    t = _target()
+    a = np.concatenate([[7, 9, 11, 13], greedy(t, np.array([7, 9, 11, 13]), 60)])
+    b = np.concatenate([[20, 22, 24, 26], greedy(t, np.array([20, 22, 24, 26]), 60)])
+    both = record_reference(t, np.stack([a, b]), tmp_path / "ref.safetensors", TD.TRAIN_STREAMS, components=False)
+    one = record_reference(t, b, tmp_path / "b.safetensors", TD.TRAIN_STREAMS, components=False)
+    rep = run_replay(_draft(), t, both, one, steps=3)
+    alone = run_replay(_draft(), t, one, one, steps=3)
+    assert rep.verdict == "pass" and rep.reference.top1 == alone.reference.top1
+    assert rep.reference.hits == alone.reference.hits and rep.drop.top1_points == 0.0

@@ -86,7 +86,7 @@ def run_replay(draft: str | Path, target: str | Any | None, reference: str | Pat
     ref = read_side(reference, d.model.num_aux, width, tmodel, labels, cache, ids, convention, tname)
     cand = read_side(candidate, d.model.num_aux, width, tmodel, labels, cache, ids, convention, tname)
     check_sides(reference, ref.meta, candidate, cand.meta)
-    r0, c0, shared = common_tokens(ref.ids, cand.ids, reference, candidate)
+    r0, c0, shared = common_tokens(ref.ids, cand.ids, reference, candidate, ref.segments, cand.segments)
     cut = [f"{s.path.name} holds {len(s.ids)} tokens: replayed on the {shared} both dumps share "
            f"(its tokens [{start}, {start + shared}))" for s, start in ((ref, r0), (cand, c0)) if len(s.ids) > shared]
     if r0 != c0:

@@ -179,7 +179,7 @@ def replay_multistep(method: str, draft: str | Path, target: str | Any | None, r
     ref = read_side(reference, 1, h, tmodel, labels, cache, ids, convention, tname, reading)
     cand = read_side(candidate, 1, h, tmodel, labels, cache, ids, convention, tname, reading)
     check_sides(reference, ref.meta, candidate, cand.meta)
-    r0, c0, shared = common_tokens(ref.ids, cand.ids, reference, candidate)
+    r0, c0, shared = common_tokens(ref.ids, cand.ids, reference, candidate, ref.segments, cand.segments)
     notes = [f"{s.path.name} holds {len(s.ids)} tokens: replayed on the {shared} both dumps share"
              for s in (ref, cand) if len(s.ids) > shared]
     ref, cand = truncate(ref, shared, r0), truncate(cand, shared, c0)

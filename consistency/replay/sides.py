@@ -48,6 +48,7 @@ class Side:
     meta: DumpMetadata | None = None
     drafted: torch.Tensor | None = None  # [T] bool: tokens a server generated (a loss mask, decode/verify rows)
     drafted_source: str = "all"  # "loss_mask", "response" or "all"
+    segments: list[tuple[int, int]] | None = None  # each request's [start, stop) when the dump holds several
 
 
 def _rows(view: TensorView) -> torch.Tensor:
@@ -97,7 +98,8 @@ def read_side(path: str | Path, num_aux: int, width: int, target: Any | None, la
         d, layout = stitch(raw)  # chunked prefill + decode steps, verify passes: one token axis, as compare reads them
         ids = token_ids(d)
         check_model(p, d.metadata, target, target_name)
-        check_streams(p, d, ids, target, target_name)
+        bounds = layout.bounds() if len(layout.segments) > 1 else None
+        check_streams(p, d, ids[:bounds[0][1]] if bounds else ids, target, target_name)  # one request: the target's context
         info = describe(d, width, num_aux, "reference")
         if list(info.slots) != list(range(len(info.slots))):
             raise InputError(p, f"holds aux slots {sorted(info.slots)}: slots are numbered 0..n-1 with none missing")
@@ -117,11 +119,11 @@ def read_side(path: str | Path, num_aux: int, width: int, target: Any | None, la
             raise InputError(p, "aux slots hold NaN or Inf values")
         dtype = slots[0].dtype
         meta = d.metadata
-        y, source = _labels(d, ids, target, labels, cache if cache is not None else {})
+        y, source = _labels(d, ids, target, labels, cache if cache is not None else {}, bounds)
         drafted, drafted_source = _drafted(d, layout.response(), len(ids))
     agree = None if source == "input_ids" else float((ids[1:] == y[:-1]).float().mean())
     return Side(p, ids, aux, [v.name for v in slots], info.claimed_streams, dtype, y, source, agree, meta, drafted,
-                drafted_source)
+                drafted_source, bounds)
 
 
 def _drafted(d: Dump, response: np.ndarray | None, t: int) -> tuple[torch.Tensor | None, str]:
@@ -135,7 +137,8 @@ def _drafted(d: Dump, response: np.ndarray | None, t: int) -> tuple[torch.Tensor
 
 
 def _labels(d: Dump, ids: torch.Tensor, target: Any | None, mode: str,
-            cache: dict[bytes, torch.Tensor]) -> tuple[torch.Tensor, str]:
+            cache: dict[bytes, torch.Tensor], bounds: list[tuple[int, int]] | None = None) -> tuple[torch.Tensor, str]:
+    """``bounds``: the requests of a dump holding several; the target reads each on its own."""
     t = len(ids)
     if mode in ("auto", "logits") and names.LOGITS in d:
         v = d[names.LOGITS]
@@ -146,10 +149,13 @@ def _labels(d: Dump, ids: torch.Tensor, target: Any | None, mode: str,
     if mode == "logits":
         raise InputError(d.path, "has no 'logits' (--labels logits)")
     if mode in ("auto", "target") and target is not None:
-        key = ids.numpy().tobytes()
-        if key not in cache:
-            cache[key] = target_next_tokens(target, ids)
-        return cache[key], "target"
+        parts = []
+        for a, b in bounds or [(0, t)]:
+            key = ids[a:b].numpy().tobytes()
+            if key not in cache:
+                cache[key] = target_next_tokens(target, ids[a:b])
+            parts.append(cache[key])
+        return torch.cat(parts), "target"
     if mode == "target":
         raise InputError(d.path, "--labels target needs --target")
     y = torch.empty_like(ids)
