@@ -22,7 +22,7 @@ from consistency.replay.chain import run_chain
 from consistency.replay.load import LoadedDraft, TargetParts, load_draft
 from consistency.replay.report import ReplayReport
 from consistency.replay.scoring import (Scored, build_report, choose_feed, drafted_positions, load_target,  # noqa: F401
-                                        score, summarize_draft)
+                                        pass_summary, score, summarize_draft)
 from consistency.replay.checks import check_sides, common_tokens
 from consistency.replay.sides import Side, read_side, truncate
 
