@@ -9,25 +9,6 @@ from typing import Any
 
 
 
-def check_inputs(*specs: str | Path | Any, layer_ids: Any = None, convention: str | None = None) -> None:
-    """Refuse a REFERENCE/CANDIDATE that names nothing before the draft, torch and
-    transformers load (6-9 CPU-s): a missing input is then a one-line exit 2 at once.
-
-    A path that does not exist may still name a rank set (``NAME.rank*-of*.EXT``) or a
-    glob, so it is resolved by the loader's own :func:`~consistency.dump.sets.open_side`
-    (headers only; it raises the same error the replay would). Existing paths are left to
-    the replay, which opens them anyway (a SpecForge checkpoint is not decompressed twice).
-    """
-    import os
-
-    from consistency.dump.sets import open_side
-
-    for spec in specs:
-        if isinstance(spec, (str, Path)) and not os.path.lexists(spec):
-            with open_side(spec, layer_ids, convention):
-                pass
-
-
 def replay_check(draft: str | Path, reference: str | Path, candidate: str | Path, target: str | Path | Any | None = None,
                  **options: Any) -> Any:
     """The replay report (a :class:`~consistency.replay.report.ReplayReport`): verdict ``fail``

@@ -88,12 +88,30 @@ def _number(name: str, v: Any) -> None:
 def run(req: ReplayRequest) -> Any:
     """The replay report (a :class:`~consistency.replay.report.ReplayReport`). Inputs that name
     nothing are refused before the draft, torch and transformers load."""
-    from consistency.replay.api import check_inputs
-    from consistency.replay.assets import resolve_draft
-    from consistency.replay.engine import run_replay
-
     ids = list(req.layer_ids) if req.layer_ids is not None else None
     check_inputs(req.reference, req.candidate, layer_ids=ids, convention=req.convention)
+    from consistency.replay.assets import resolve_draft  # torch: only once the inputs exist
+    from consistency.replay.engine import run_replay
+
     return run_replay(resolve_draft(str(req.draft)), req.target, req.reference, req.candidate, req.steps,
                       req.max_drop_points, req.feed, req.labels, dict(req.overrides) if req.overrides else None,
                       req.min_acceptance, ids, req.convention, req.method)
+
+
+def check_inputs(*specs: str | Path | Any, layer_ids: Any = None, convention: str | None = None) -> None:
+    """Refuse a REFERENCE/CANDIDATE that names nothing before the draft, torch and
+    transformers load (6-9 CPU-s): a missing input is then a one-line exit 2 at once.
+
+    A path that does not exist may still name a rank set (``NAME.rank*-of*.EXT``) or a
+    glob, so it is resolved by the loader's own :func:`~consistency.dump.sets.open_side`
+    (headers only; it raises the same error the replay would). Existing paths are left to
+    the replay, which opens them anyway (a SpecForge checkpoint is not decompressed twice).
+    """
+    import os
+
+    from consistency.dump.sets import open_side
+
+    for spec in specs:
+        if isinstance(spec, (str, Path)) and not os.path.lexists(spec):
+            with open_side(spec, layer_ids, convention):
+                pass
