@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 
-
 def replay_check(draft: str | Path, reference: str | Path, candidate: str | Path, target: str | Path | Any | None = None,
                  **options: Any) -> Any:
     """The replay report (a :class:`~consistency.replay.report.ReplayReport`): verdict ``fail``
