@@ -102,39 +102,43 @@ def stream_for_unnamed_slot(ev: Evidence, r: Result) -> Explanation | None:
 
 
 def residual_missing(ev: Evidence, r: Result) -> Explanation | None:
-    """hidden_states.clone() where hidden_states + residual was meant: a block delta."""
+    """hidden_states.clone() where hidden_states + residual was meant: a block delta.
+
+    Only the blocks next to the expected stream s are tried (layers s-1 and s: their
+    attention and MLP outputs, and for parallel blocks -- GPT-NeoX, Cohere, Falcon, one
+    residual add per layer -- their sum), pair by pair: O(1) per mismatched tensor, never a
+    distance row over every reference tensor (thousands of differing tensors stay linear)."""
     before, c = ev.before(r), ev.cand(r)
     if before is None or c is None or r.ref is None:
         return None
     proof = _from_components(ev, r, c, before)
     if proof is not None:
         return proof
-    fp = ev.cmp.ref_fp.get(ev.key(r))
-    cfp = ev.cmp.cand_fp.get(ev.key(r))
-    at = fp.of_kind(names.MLP_OUT, names.ATTN_OUT) if fp is not None else np.zeros(0, np.int64)
-    best: tuple[float, str] | None = None
-    if len(at) and cfp is not None and r.cand.name in cfp:  # one batched distance row, not one pass per delta
-        dist = cfp.distances(r.cand.name, fp)[at]
-        i = int(np.argmin(dist))
-        best = (float(dist[i]), fp.names[int(at[i])])
-    if best is not None:
-        d, n = best
-        k = names.parse(n).index
-        kind = "MLP" if names.parse(n).kind == names.MLP_OUT else "attention"
-        return Explanation("RESIDUAL_MISSING", f"holds layer {k}'s {kind} delta ({n}), not the residual stream: "
-                           f"residual not added", before, d, n, {"layer": k, "block": kind})
-    # No parts recorded: judge by the norm profile. A block delta is much smaller than the
-    # stream, matches no stream, and removing it from the stream moves it toward the
-    # previous stream (what is left is stream s-1 plus the other block's delta).
     s = r.expected_stream if not r.post_norm else None
-    if s is None or s == 0 or (r.ident and r.ident.best and r.ident.best.distance <= ev.cmp.tol.dtype_floor(r.cand.dtype, r.ref.dtype)):
+    if s is None or s == 0:
+        return None
+    best = _nearest_delta(ev, r, c, s)
+    if best is not None:
+        d, k, kind, name = best
+        what = f"layer {k}'s whole delta (attention + MLP: {name})" if kind == "layer" else \
+            f"layer {k}'s {kind} delta ({name})"
+        return Explanation("RESIDUAL_MISSING", f"holds {what}, not the residual stream: residual not added", before, d,
+                           name if kind != "layer" else None, {"layer": k, "block": kind})
+    if r.ident and r.ident.best and r.ident.best.distance <= ev.cmp.tol.dtype_floor(r.cand.dtype, r.ref.dtype):
         return None
     prev, cur = ev.ref(r, names.hidden(s - 1)), ev.expected(r)
     if prev is None or cur is None:
         return None
+    after = token_distance(c + prev, cur)  # add back the residual we can see (stream s-1)
+    if after <= HOLD_EXACT * ev.cmp.pair_floor(r, user=False)[0]:  # stream s minus stream s-1: the layer's delta
+        return Explanation("RESIDUAL_MISSING", f"holds layer {s - 1}'s whole delta (stream {s} minus stream {s - 1}), "
+                           "not the residual stream: residual not added", before, after, None,
+                           {"layer": s - 1, "block": "layer", "proof": "streams"})
+    # No parts recorded: judge by the norm profile. A block delta is much smaller than the
+    # stream, matches no stream, and removing it from the stream moves it toward the
+    # previous stream (what is left is stream s-1 plus the other block's delta).
     ratio = median(np.linalg.norm(c, axis=1) / np.maximum(np.linalg.norm(cur, axis=1), 1e-30))
     toward = token_distance(cur - c, prev) / max(token_distance(cur, prev), 1e-30)
-    after = token_distance(c + prev, cur)  # add back the residual we can see (stream s-1)
     if ratio < 0.5 and toward < 1.0 and after < 0.5 * before:
         return Explanation("RESIDUAL_MISSING", f"looks like layer {s - 1}'s block delta, not stream {s}: its norm is "
                            f"{ratio:.2f}x the stream's and removing it moves stream {s} toward stream {s - 1} "
@@ -142,6 +146,26 @@ def residual_missing(ev: Evidence, r: Result) -> Explanation | None:
                            {"layer": s - 1, "norm_ratio": round(ratio, 4), "toward_previous": round(toward, 4)},
                            approximate=True)
     return None
+
+
+HOLD_EXACT = 3.0  # results.HOLD_FACTOR: an exact explanation leaves at most 3x the noise floor
+
+
+def _nearest_delta(ev: Evidence, r: Result, c: np.ndarray, s: int) -> tuple[float, int, str, str] | None:
+    """The block delta of layer s-1 or s nearest the candidate: (distance, layer, kind, name)."""
+    fp, cfp = ev.cmp.ref_fp.get(ev.key(r)), ev.cmp.cand_fp.get(ev.key(r))
+    if fp is None or cfp is None or r.cand.name not in cfp:
+        return None
+    best: tuple[float, int, str, str] | None = None
+    for k in (s - 1, s):
+        a, m = names.attn_out(k), names.mlp_out(k)
+        got = [(cfp.distance(r.cand.name, n, fp), k, kind, n) for n, kind in ((m, "MLP"), (a, "attention")) if n in fp]
+        if a in fp and m in fp:
+            got.append((token_distance(c, fp.rows(a) + fp.rows(m)), k, "layer", f"{a} + {m}"))
+        for g in got:
+            if best is None or g[0] < best[0]:
+                best = g
+    return best
 
 
 def _from_components(ev: Evidence, r: Result, c: np.ndarray, before: float) -> Explanation | None:
