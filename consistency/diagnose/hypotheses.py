@@ -290,8 +290,11 @@ def scale_mismatch(ev: Evidence, r: Result) -> Explanation | None:
 
 def partial_shard(ev: Evidence, r: Result) -> Explanation | None:
     """A missing all-reduce. With every rank's file: the ranks' copies sum to the expected
-    tensor. With one rank's file: a vocab-parallel embedding's in-shard rows are exact and
-    the rest zero."""
+    tensor. With one rank's file: zero token rows are a shard only when they follow one --
+    the non-zero rows are exactly one vocab shard's id range (a vocab-parallel embedding), or
+    the tensor is a block output of a rank file (an expert-parallel MoE output before its
+    combine: the zero rows are the tokens routed to other ranks' experts). A few zeroed or
+    swapped rows that follow nothing are bad tokens, whatever the metadata says."""
     before, c, e = ev.before(r), ev.cand(r), ev.expected(r)
     if before is None or c is None or e is None:
         return None
@@ -313,26 +316,51 @@ def partial_shard(ev: Evidence, r: Result) -> Explanation | None:
     masked = np.where(zero[:, None], 0.0, e)
     d = token_distance(c, masked)
     detail: dict = {"zero_rows": int(zero.sum()), "sampled_rows": int(len(zero)), "kept_rel_diff": d_kept}
-    ids = ev.input_ids("cand") if ev.input_ids("cand") is not None else ev.input_ids("ref")
-    idx = ev.index(r)
     msg = f"{int(zero.sum())} of {len(zero)} sampled token rows are zero and the rest match"
-    if ids is not None and idx is not None and len(ids) >= r.cand.rows:
-        tok = ids[idx]
-        lo, hi = int(tok[kept].min()), int(tok[kept].max())
-        inside_zero = int(((tok >= lo) & (tok <= hi) & zero).sum())
-        detail.update(shard_token_range=[lo, hi], zero_rows_inside_range=inside_zero)
-        msg += f"; the non-zero rows are exactly the tokens with ids in [{lo}, {hi}]" if inside_zero == 0 else ""
+    follows = _follows_vocab_shard(ev, r, zero, kept, detail)
+    meta = ev.cmp.cand.metadata
+    ranked = meta is not None and meta.rank is not None and (meta.world_size or 1) > 1
+    block = names.parse(ev.cmp.canonical(r.ref.name) or "").kind in (names.MLP_OUT, names.ATTN_OUT) if r.ref else False
+    if follows:
+        msg += f"; the non-zero rows are exactly the tokens with ids in {detail['shard_token_range']}"
+        what = "a vocab-parallel embedding without its all-reduce"
+    elif block and ranked:
+        what = "an expert-parallel MoE output before its combine (the zero rows: tokens routed to other ranks' experts)"
+        detail["approximate"] = True
+    else:
+        return None
     all_rows = _zero_rows(r)
     if all_rows is not None:
         detail["zero_token_rows"] = all_rows[:64]
         detail["zero_token_count"] = len(all_rows)
         msg += f"; zero token rows: {all_rows[:8]}{'...' if len(all_rows) > 8 else ''} ({len(all_rows)} in all)"
-    meta = ev.cmp.cand.metadata
-    if meta is not None and meta.rank is not None:
+    if ranked:
+        assert meta is not None
         detail["rank"], detail["world_size"] = meta.rank, meta.world_size
         msg = f"rank {meta.rank} of {meta.world_size}: " + msg
-    return Explanation("PARTIAL_SHARD", msg + ": a vocab-parallel embedding without its all-reduce", before, d,
-                       r.ref.name if r.ref else None, detail)
+    return Explanation("PARTIAL_SHARD", f"{msg}: {what}", before, d, r.ref.name if r.ref else None, detail)
+
+
+def _follows_vocab_shard(ev: Evidence, r: Result, zero: np.ndarray, kept: np.ndarray, detail: dict) -> bool:
+    """The non-zero rows are exactly the tokens of one id range (and, when the vocabulary
+    size and world size are known, that range lies inside one rank's shard of it)."""
+    ids = ev.input_ids("cand") if ev.input_ids("cand") is not None else ev.input_ids("ref")
+    idx = ev.index(r)
+    if ids is None or idx is None or len(ids) < r.cand.rows or zero.sum() < 2:
+        return False
+    tok = ids[idx]
+    lo, hi = int(tok[kept].min()), int(tok[kept].max())
+    inside_zero = int(((tok >= lo) & (tok <= hi) & zero).sum())
+    detail.update(shard_token_range=[lo, hi], zero_rows_inside_range=inside_zero)
+    if inside_zero:
+        return False
+    meta = ev.cmp.cand.metadata or ev.cmp.ref.metadata
+    v = meta.model.vocab_size if meta is not None and meta.model is not None else None
+    w = ev.cmp.cand.metadata.world_size if ev.cmp.cand.metadata is not None else None
+    if v and w and w > 1:
+        size = -(-v // w)
+        return lo // size == hi // size  # inside one rank's slice of the vocabulary
+    return True
 
 
 def _rank_sum(ev: Evidence, r: Result) -> tuple[np.ndarray, int] | None:

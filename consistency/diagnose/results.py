@@ -182,9 +182,9 @@ def _explain(ev: Evidence, r: Result, label: str, base: dict, metrics: dict) -> 
                              + (f"; {r.metrics.mismatch_sentence(r.cand.shape)} (--rtol/--atol given)" if strict else ""),
                              severity=sev, identified_as=r.holds or ev.cmp.canonical(r.expected), metrics=metrics,
                              **base)], r.expected_stream
-    other = _matched_other(ev, r, label, base, metrics)
+    other = _matched_other(ev, r, label, base, metrics) or causes.zero_rows(ev, r, label, base, metrics)
     if other is not None:
-        return [other], r.holds_stream
+        return [other], r.holds_stream if other.code == "LAYER_MISMATCH" else None
     near = ", ".join(f"{ev.cmp.canonical(x.name)} ({x.distance:.3g})" for x in (r.ident.ranking[:3] if r.ident else []))
     thin = causes.thin_note(ev, r) + (partial.not_drift(part) if part is not None else "")
     return [Finding.make("UNKNOWN", f"{label} differs from {ev.stream_name(r.expected or '')} (token rel_diff {d:.3g}, "
