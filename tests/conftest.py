@@ -206,3 +206,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if first:
         rest = [i for i in items if not _self_contained_slow(i)]
         items[:] = first + rest
+
+
+def twin(path: "str | Path") -> Path:
+    """A byte-identical copy of a file beside it: the same values under another path (a
+    file compared with itself is SAME_INPUT, never a pass; a copy is a real comparison)."""
+    import shutil
+
+    src = Path(path)
+    dst = src.with_name(f"{src.stem}.twin{src.suffix}")
+    if not dst.exists():
+        shutil.copyfile(src, dst)
+    return dst

@@ -23,7 +23,7 @@ from consistency.dump.atomic import atomic_write, check_writable, is_report, wri
 from consistency.dump.reader import open_dump
 from consistency.dump.writer import write_dump
 from consistency.errors import InputError, OutputExistsError
-from tests.conftest import ROOT, run_cli
+from tests.conftest import twin, ROOT, run_cli
 
 # A writer that takes a while: 64 x 4 MiB tensors (256 MiB) through write_dump.
 WRITER = """
@@ -166,7 +166,7 @@ def test_full_disk_through_the_cli_is_one_line_and_keeps_the_old_report(tmp_path
     good = write_dump(tmp_path / "g.safetensors", {"hidden.1": np.ones((8, 16), np.float32)})
     report = tmp_path / "report.json"
     report.write_text("old report\n")
-    r = subprocess.run([sys.executable, "-m", "consistency", "compare", str(good), str(good), "-q", "--json",
+    r = subprocess.run([sys.executable, "-m", "consistency", "compare", str(good), str(twin(good)), "-q", "--json",
                         str(report), "--force"], capture_output=True, text=True, cwd=ROOT,
                        preexec_fn=_fsize_limited(64))
     lines = [x for x in r.stderr.splitlines() if x.strip()]
@@ -217,7 +217,7 @@ def test_full_tmpfs_through_the_cli(tiny_tmpfs, tmp_path):
     finally:
         os.close(fd)
     report = tiny_tmpfs / "report.json"
-    r = run_cli("compare", str(good), str(good), "-q", "--json", str(report))
+    r = run_cli("compare", str(good), str(twin(good)), "-q", "--json", str(report))
     lines = [x for x in r.stderr.splitlines() if x.strip()]
     assert r.returncode == 2 and lines == [f"consistency: error: {report}: no space left to write "
                                            "(No space left on device); nothing was written"], r.stderr
@@ -228,9 +228,9 @@ def test_existing_outputs_are_never_clobbered_without_force(tmp_path):
     good = write_dump(tmp_path / "g.safetensors", {"hidden.1": np.ones((8, 16), np.float32)})
     report = tmp_path / "r.json"
     report.write_text("mine\n")
-    r = run_cli("compare", str(good), str(good), "-q", "--json", str(report))
+    r = run_cli("compare", str(good), str(twin(good)), "-q", "--json", str(report))
     assert r.returncode == 2 and "output exists; pass --force" in r.stderr and report.read_text() == "mine\n"
-    r = run_cli("compare", str(good), str(good), "-q", "--json", str(report), "--force")
+    r = run_cli("compare", str(good), str(twin(good)), "-q", "--json", str(report), "--force")
     assert r.returncode == 0 and report.read_text().startswith("{")
 
 
@@ -258,7 +258,7 @@ def test_compare_json_reruns_in_a_loop_over_its_own_report(tmp_path):
     good = write_dump(tmp_path / "g.safetensors", {"hidden.1": np.ones((8, 16), np.float32)})
     report = tmp_path / "r.json"
     for _ in range(3):
-        r = run_cli("compare", str(good), str(good), "-q", "--json", str(report))
+        r = run_cli("compare", str(good), str(twin(good)), "-q", "--json", str(report))
         assert r.returncode == 0, r.stderr
         assert json.loads(report.read_text())["verdict"] == "pass"
     for fmt, name in (("json", "l.json"), ("sarif", "l.sarif")):

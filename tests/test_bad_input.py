@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from consistency.dump.writer import write_dump
-from tests.conftest import cli, run_cli
+from tests.conftest import twin, cli, run_cli
 
 
 class _Payload:
@@ -105,13 +105,13 @@ NO_TORCH = "import sys; sys.modules['torch'] = None; from consistency.cli import
 
 def test_help_and_compare_run_without_torch(tmp_path):
     good = _good(tmp_path)
-    for args in (["--help"], ["compare", "--help"], ["compare", str(good), str(good), "-q"], ["inspect", str(good)]):
+    for args in (["--help"], ["compare", "--help"], ["compare", str(good), str(twin(good)), "-q"], ["inspect", str(good)]):
         r = subprocess.run([sys.executable, "-c", NO_TORCH, *args], capture_output=True, text=True)
         assert r.returncode == 0, (args, r.stderr)
     check = ("import sys; from consistency.cli import run\n"
              "try:\n    run(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
              "assert 'torch' not in sys.modules, 'torch was imported'\n")
-    r = subprocess.run([sys.executable, "-c", check, "compare", str(good), str(good), "-q"], capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "-c", check, "compare", str(good), str(twin(good)), "-q"], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
 
 

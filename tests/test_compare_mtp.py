@@ -231,10 +231,13 @@ def test_step0_norm_under_a_contract(world, tmp_path: Path) -> None:
     pre_ref = _ref(world, tmp_path / "pre_ref.safetensors", step0=world["HN"])
     rep = run(pre_ref, _cand(world, tmp_path / "post.safetensors"), contract=con)
     assert rep.verdict == "fail"
-    top = rep.findings[0]
-    assert top.code == "NORM_MISSING" and top.tensor is None and "reference aux.0" in top.message
-    _no_unexplained(rep)  # the draft's later tensors follow from what training fed at step 0
-    assert {f.evidence["root"] for f in rep.findings if f.code == "PROPAGATED"} == {"reference aux.0"}
+    top = rep.findings[0]  # the reference's values outrank the contract: the conflict leads, naming both
+    assert top.code == "CONTRACT_CONFLICT" and top.tensor is None and "aux.0" in top.message
+    assert "fnorm(s=3)" in top.message and "stream 3" in top.message
+    aux0 = next(f for f in rep.findings if f.tensor == names.aux(0))
+    assert aux0.code == "NORM_APPLIED" and "training fed stream 3 before the final norm" in aux0.message
+    _no_unexplained(rep)  # the draft's later tensors follow from what it was fed at step 0
+    assert {f.evidence["root"] for f in rep.findings if f.code == "PROPAGATED"} == {"aux.0"}
     # the reference does not record final_norm: the slot is not verified, never OK
     bare = _ref(world, tmp_path / "bare.safetensors", aux=False, final_norm=False)
     rep = run(bare, _cand(world, tmp_path / "c.safetensors"), contract=con)
@@ -283,7 +286,8 @@ def test_eagle1_contract_and_an_untrusted_consumer(world, tmp_path: Path) -> Non
     ref = _ref(world, tmp_path / "ref.safetensors", recycle="d_raw")
     rep = run(ref, _cand(world, tmp_path / "cand.safetensors"), contract=con)
     f = rep.findings[0]
-    assert (f.code, f.tensor) == ("RECYCLE_NORM_APPLIED", "recycle.1") and "eagle1 consumer recycles d_raw" in f.message
+    # the reference's own recycle (its values: d_raw) outranks the contract's word (eagle1: d_raw); they agree
+    assert (f.code, f.tensor) == ("RECYCLE_NORM_APPLIED", "recycle.1") and "(d_raw)" in f.message
     bad = _ref(world, tmp_path / "bad.safetensors", aux=False, consumer={"kind": "mtp", "recycle": "\x1b[31mnope"})
     rep = run(bad, _cand(world, tmp_path / "pre.safetensors", step0=world["HN"]))
     aux0 = next(f for f in rep.findings if f.tensor == names.aux(0))

@@ -34,7 +34,7 @@ from consistency.dump.sets import open_side
 from consistency.errors import InputError, UsageError
 from consistency.record.api import record_serving
 from consistency.record.fused import FusedDecoder
-from tests.conftest import cli, cli_batch, prompt_ids, run_cli, tiny
+from tests.conftest import twin, cli, cli_batch, prompt_ids, run_cli, tiny
 
 N = 12  # tiny-llama layers
 T = 40
@@ -235,7 +235,7 @@ def malicious(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path,
         else:
             p.write_bytes(pickle.dumps(rec))
         out[how] = (p, marker)
-    runs = cli_batch(*(["compare", str(p), str(p), "--layer-ids", "1,2,3"] for p, _m in out.values()))
+    runs = cli_batch(*(["compare", str(p), str(twin(p)), "--layer-ids", "1,2,3"] for p, _m in out.values()))
     return {how: (p, marker, r) for (how, (p, marker)), r in zip(out.items(), runs, strict=True)}
 
 
@@ -299,7 +299,7 @@ def test_layer_id_count_and_convention_errors(tmp_path):
         open_side(p, [2, 6, 9], "no-such-runtime")
     with pytest.raises(UsageError, match="number of layers"):
         open_side(p, [2, 6, -1], "trtllm")  # -1 means N: the file does not say N
-    r = run_cli("compare", str(p), str(p), "--layer-ids", "2,6")
+    r = run_cli("compare", str(p), str(twin(p)), "--layer-ids", "2,6")
     assert r.returncode == 2 and "hs_0.safetensors" in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
 
@@ -339,7 +339,7 @@ def test_convert_specforge_to_npz(tmp_path):
 def test_compare_of_a_speculators_file_does_not_import_torch(tmp_path):
     hs = write_hs(tmp_path / "hs_0.safetensors", [2, 6, 9, N])
     code = ("import sys; from consistency.diagnose.pipeline import run as run_compare;"
-            f"r = run_compare({str(hs)!r}, {str(hs)!r}, layer_ids='2,6,9,12');"
+            f"r = run_compare({str(hs)!r}, {str(twin(hs))!r}, layer_ids='2,6,9,12');"
             "assert r.verdict == 'pass', r.summary; assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[1])
 

@@ -28,7 +28,7 @@ import pytest
 
 from consistency.dump.writer import write_dump
 from fixtures.hostile import make_corpus as mc
-from tests.conftest import ROOT, cli
+from tests.conftest import twin, ROOT, cli
 
 CORPUS = ROOT / "fixtures" / "hostile" / "corpus"
 MAX_RSS_MB = 1024  # the whole run, torch included; a loader that trusted a bomb would blow far past it
@@ -297,7 +297,7 @@ def test_unreadable_files_are_refused_for_an_unprivileged_user(locked):
         got = _attempt(calls)
     assert got == [f"{locked['locked']}: permission denied", f"{locked['hidden']}: permission denied",
                    f"{locked['contract']}: permission denied", f"opened {locked['good']}"], got
-    res = _runs_unprivileged(locked, [["compare", locked["good"], locked["good"], "-q"]])
+    res = _runs_unprivileged(locked, [["compare", locked["good"], str(twin(locked["good"])), "-q"]])
     assert res[0][0] == 0, res[0]  # the CLI runs as that user, and reads what it may
 
 

@@ -85,10 +85,10 @@ def test_rank_and_gap_match_their_definition(seed: int) -> None:
         want = _plain_rank(c.name, cfp, rfp, list(rfp.names), same)
         for pool in (None, list(rfp.names), np.arange(n)):
             got = identify.rank(c.name, cfp, rfp, pool, same)
-            assert [(r.name, g) for r, g in zip(got.ranking, got.groups)] == want
+            assert [(r.name, list(g)) for r, g in zip(got.ranking, got.groups)] == want
         sub = [r for r in rfp.names if rng.random() < 0.5] or rfp.names[:1]
         got = identify.rank(c.name, cfp, rfp, sub, same)
-        assert [(r.name, g) for r, g in zip(got.ranking, got.groups)] == _plain_rank(c.name, cfp, rfp, sub, same)
+        assert [(r.name, list(g)) for r, g in zip(got.ranking, got.groups)] == _plain_rank(c.name, cfp, rfp, sub, same)
     for e in rfp.names[:8]:
         others = [rfp.distance(e, r) for r in hidden if r != e and rfp.distance(e, r) > same]
         want_gap = min(others) if others else None

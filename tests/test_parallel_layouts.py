@@ -12,6 +12,7 @@ import shutil
 
 import pytest
 
+from consistency.diagnose.layout import findings as layout_findings
 from consistency.diagnose.pipeline import run as run_compare
 from consistency.dump.sets import open_side
 from consistency.dump.stages import StagedDump
@@ -25,7 +26,7 @@ def _errors(rep):  # noqa: ANN001, ANN202
 
 
 def _codes(d):  # noqa: ANN001, ANN202
-    return [f.code for f in d.dump_findings]
+    return [f.code for f in layout_findings(d)]
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +43,7 @@ def pp(tmp_path_factory):
 def test_pp2_x_tp2_merges_to_the_single_process_model(pp):
     with open_side(str(pp / "ok.safetensors")) as d:
         assert isinstance(d, StagedDump) and d.pp == 2 and d.world == 4
-        assert d.ranges == {0: (0, 2), 1: (2, 4)} and d.dump_findings == []
+        assert d.ranges == {0: (0, 2), 1: (2, 4)} and layout_findings(d) == []
         assert d.boundary["hidden.2"] == ([0, 1], 0.0)  # the boundary stream, held by both stages, agrees
         assert d["col_out.3"].shape == (tp.T, tp.F)  # stage 1's TP group unsharded
         assert d.owner["hidden.4"] == 1 and d.owner["hidden.1"] == 0
@@ -54,12 +55,12 @@ def test_pp2_x_tp2_merges_to_the_single_process_model(pp):
 @pytest.mark.slow
 def test_local_layer_index_on_stage_1_is_named(pp):
     with open_side(str(pp / "local.safetensors")) as d:
-        out = next(f for f in d.dump_findings if f.code == "STAGE_OUT_OF_RANGE")
+        out = next(f for f in layout_findings(d) if f.code == "STAGE_OUT_OF_RANGE")
         # stage 1 (layers [2, 4)) wrote its input stream 2 as hidden.0 and stream 3 as hidden.1
         assert out.evidence["stage"] == 1 and out.evidence["local_index"] is True
         assert set(out.evidence["names"]) == {"hidden.0", "hidden.1", "aux.0"}
         assert "pipeline stage 1 (layers [2, 4))" in out.message and "local layer index" in out.message
-        [c] = [f for f in d.dump_findings if f.code == "STAGE_CONFLICT"]  # one finding per pair of stages
+        [c] = [f for f in layout_findings(d) if f.code == "STAGE_CONFLICT"]  # one finding per pair of stages
         assert c.evidence["stages"] == [0, 1] and c.message.startswith("pipeline stages 0 and 1 both recorded")
         assert {"hidden.0", "hidden.1", "hidden.2", "aux.0", "col_out.0"} <= set(c.evidence["names"])
         assert _codes(d).index("STAGE_OUT_OF_RANGE") < _codes(d).index("STAGE_CONFLICT")  # the cause first
@@ -72,7 +73,7 @@ def test_local_layer_index_on_stage_1_is_named(pp):
 def test_a_stage_that_recorded_nothing_is_named(pp):
     assert not list(pp.glob("silent.rank2-of4*")) and not list(pp.glob("silent.rank3-of4*"))
     with open_side(str(pp / "silent.safetensors")) as d:
-        [f] = d.dump_findings
+        [f] = layout_findings(d)
         assert f.code == "STAGE_MISSING" and f.evidence["stage"] == 1 and f.evidence["missing_ranks"] == [2, 3]
         assert f.evidence["layers"] == [2, 4] and "pipeline stage 1 of 2" in f.message
     rep = run_compare(str(pp / "ref.safetensors"), str(pp / "silent.safetensors"))
@@ -87,7 +88,7 @@ def test_rank_files_from_several_nodes_form_one_set(pp, tmp_path):
         shutil.copy(pp / f"ok.rank{r}-of4.safetensors", node)
     for spec in (tmp_path / "nodes", tmp_path / "nodes" / "*" / "ok.rank*-of4.safetensors"):
         with open_side(str(spec)) as d:
-            assert isinstance(d, StagedDump) and d.dump_findings == [] and len(d.nodes) >= 1
+            assert isinstance(d, StagedDump) and layout_findings(d) == [] and len(d.nodes) >= 1
     (tmp_path / "nodes" / "node1" / "ok.rank3-of4.safetensors").unlink()  # one rank's copy was forgotten
     from consistency.errors import InputError
 
@@ -116,7 +117,7 @@ def dp(tmp_path_factory):
 @pytest.mark.parametrize("case", ["uneven", "none", "requests"])
 def test_dp_attention_tokens_merge_in_order(dp, case):
     with open_side(str(dp / f"{case}.safetensors")) as d:
-        assert isinstance(d, StagedDump) and d.dp == 2 and d.dump_findings == []
+        assert isinstance(d, StagedDump) and d.dp == 2 and layout_findings(d) == []
         assert d["hidden.2"].shape == (tp.T, tp.H) and d["input_ids"].shape == (tp.T,)
     rep = run_compare(str(dp / "ref.safetensors"), str(dp / f"{case}.safetensors"))
     assert rep.verdict == "pass", _errors(rep)
@@ -125,7 +126,7 @@ def test_dp_attention_tokens_merge_in_order(dp, case):
 @pytest.mark.slow
 def test_a_token_held_by_no_dp_rank_is_reported(dp):
     with open_side(str(dp / "unowned.safetensors")) as d:
-        [f] = d.dump_findings
+        [f] = layout_findings(d)
         assert f.code == "TOKEN_UNOWNED" and "[10]" in f.message and f.evidence["tokens"] == 1
         assert d["hidden.1"].shape == (tp.T - 1, tp.H)
     assert run_compare(str(dp / "ref.safetensors"), str(dp / "unowned.safetensors")).verdict == "fail"
@@ -134,7 +135,7 @@ def test_a_token_held_by_no_dp_rank_is_reported(dp):
 @pytest.mark.slow
 def test_a_token_held_by_two_dp_ranks_is_reported(dp):
     with open_side(str(dp / "duplicate.safetensors")) as d:
-        [f] = d.dump_findings
+        [f] = layout_findings(d)
         assert f.code == "TOKEN_DUPLICATE" and "dp ranks [0, 1]: [12]" in f.message
         assert f.evidence["token_rel_diff"] == 0.0  # both computed the same token: the bookkeeping is wrong
         assert d["hidden.1"].shape == (tp.T, tp.H)

@@ -13,7 +13,8 @@ import pytest
 from consistency.contract.models import DumpMetadata, ModelInfo, ShardSpec, TensorMeta
 from consistency.dump.ranks import parse_shard
 from consistency.dump.sets import open_side
-from consistency.dump.stages import StagedDump, layout_findings
+from consistency.diagnose.layout import findings as layout_findings
+from consistency.dump.stages import StagedDump
 from consistency.dump.writer import write_dump
 from consistency.errors import InputError, UsageError
 from tests.conftest import cli
@@ -41,7 +42,7 @@ def test_stages_merge_and_the_boundary_stream_is_a_checked_replica(tmp_path):
     _stage(tmp_path, 0, (0, 2))
     _stage(tmp_path, 1, (2, 4))
     with open_side(str(tmp_path / "s.safetensors")) as d:
-        assert isinstance(d, StagedDump) and d.dump_findings == [] and d.nodes == ["node0", "node1"]
+        assert isinstance(d, StagedDump) and layout_findings(d) == [] and d.nodes == ["node0", "node1"]
         assert d.names == [f"hidden.{s}" for s in range(5)]
         assert d.boundary == {"hidden.2": ([0, 1], 0.0)}
         np.testing.assert_array_equal(d["hidden.4"].read_all(), STREAMS[4])
@@ -52,16 +53,16 @@ def test_overlapping_stage_ranges_are_named(tmp_path):
     _stage(tmp_path, 0, (0, 3))
     _stage(tmp_path, 1, (2, 4))
     with open_side(str(tmp_path / "s.safetensors")) as d:
-        [f] = [f for f in d.dump_findings if f.code == "STAGE_RANGES"]
+        [f] = [f for f in layout_findings(d) if f.code == "STAGE_RANGES"]
         assert "stages 0 (layers [0, 3)) and 1 (layers [2, 4)) overlap on layers [2, 3)" in f.message
-        assert not [f for f in d.dump_findings if f.code == "STAGE_CONFLICT"]  # the copies agree
+        assert not [f for f in layout_findings(d) if f.code == "STAGE_CONFLICT"]  # the copies agree
 
 
 def test_a_gap_between_stages_and_a_short_last_stage_are_named(tmp_path):
     _stage(tmp_path, 0, (0, 1))
     _stage(tmp_path, 1, (2, 3))
     with open_side(str(tmp_path / "s.safetensors")) as d:
-        msgs = [f.message for f in d.dump_findings if f.code == "STAGE_RANGES"]
+        msgs = [f.message for f in layout_findings(d) if f.code == "STAGE_RANGES"]
         assert any("layers [1, 2) belong to no pipeline stage" in m for m in msgs)
         assert any("ends at layer 3, but the model has 4 layers" in m for m in msgs)
 
@@ -71,7 +72,7 @@ def test_a_stream_two_stages_hold_with_different_values_is_a_conflict(tmp_path):
     _write(tmp_path, 1, 2, {"hidden.2": STREAMS[3], "hidden.3": STREAMS[3], "hidden.4": STREAMS[4]},
            {"pp": {"rank": 1, "size": 2, "layers": [2, 4]}})
     with open_side(str(tmp_path / "s.safetensors")) as d:
-        [f] = d.dump_findings
+        [f] = layout_findings(d)
         assert f.code == "STAGE_CONFLICT" and f.tensor == "hidden.2" and f.evidence["stages"] == [0, 1]
         np.testing.assert_array_equal(d["hidden.2"].read_all(), STREAMS[2])  # the first stage's copy is kept
     with open_side(str(tmp_path / "s.safetensors")) as d:
@@ -89,7 +90,7 @@ def test_dp_tokens_by_request_merge_in_request_order_and_gaps_are_named(tmp_path
                        "positions": [keys[i][1] for i in rows]}},
                {"hidden.1": ShardSpec(kind="split", dim=-2, rank=r, world_size=2, group="dp")})
     with open_side(str(tmp_path / "s.safetensors")) as d:
-        [f] = d.dump_findings
+        [f] = layout_findings(d)
         assert f.code == "TOKEN_UNOWNED" and "request 'a' pos 1" in f.message
         np.testing.assert_array_equal(d["hidden.1"].read_all(), x[[0, 2, 3, 4, 5, 6]])
 

@@ -329,7 +329,7 @@ def two_rank_scenarios(d: Path, backend: str = "gloo") -> list[dict]:
     for k, (job, verdict, code) in cases.items():
         t = time.perf_counter()
         with open_side(str(d / f"{k}.safetensors")) as x:
-            dump_codes = [f.code for f in getattr(x, "dump_findings", [])]
+            dump_codes = [f.code for f in getattr(x, "layout_facts", [])]
         rep = run_compare(str(refs[job["kind"]]), str(d / f"{k}.safetensors"))
         codes = sorted({f.code for f in rep.findings if f.severity.value == "error"} | set(dump_codes))
         ok = (rep.verdict == verdict or (verdict == "fail" and bool(dump_codes))) and (code is None or code in codes)

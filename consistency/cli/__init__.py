@@ -11,7 +11,6 @@ import importlib
 import importlib.util
 import os
 import sys
-from typing import Any
 
 import click
 
@@ -116,7 +115,3 @@ def run(argv: list[str] | None = None) -> None:
 
         click.echo(f"consistency: error: {term(args)}: {term(msg)} (set CONSISTENCY_DEBUG=1 for a traceback)", err=True)
         sys.exit(2)
-
-
-def fail_exit(verdict: str) -> Any:
-    sys.exit(0 if verdict == "pass" else 1)

@@ -23,6 +23,7 @@ from consistency.compare.result import (  # noqa: F401 - re-exported: the value 
 from consistency.compare.sample import Sampler, unique
 from consistency.compare.tolerance import ToleranceModel
 from consistency.compare.types import Declared, Note, Pair, Status  # noqa: F401 - Status re-exported
+from consistency.dump import names
 from consistency.dump.reader import Dump, TensorView
 
 
@@ -64,8 +65,13 @@ def compare(ref: Dump, cand: Dump, contract: object | None = None, tol: Toleranc
     # what the reference's own slots hold decides what the candidate's should
     ref_pool = unique([v for v in list(ref.tensors.values()) + list(facts.ref.slots.values())])
     slot_shapes = {key(v) for v in facts.ref.slots.values() if v.is_float and v.cols > 1}
+    # a slot with fewer rows than the streams (training drops the last row: shift pairing) is
+    # identified against the streams' first rows (row r of a draft's step 0 is position r)
+    heads = [rowpair.prefix(v, r) for v in ref.tensors.values() if v.is_float and v.cols > 1
+             and names.parse(v.name).kind in (names.HIDDEN, names.FINAL_NORM)
+             for r, c in slot_shapes if c == v.cols and 0 < r < v.rows]
     cand_pre = [v for v in list(facts.cand.slots.values()) + list(cand.tensors.values()) if key(v) in slot_shapes]
-    fp_ref0, _ = sampler.groups(ref_pool, cand_pre, slot_shapes)
+    fp_ref0, _ = sampler.groups(ref_pool + heads, cand_pre, slot_shapes)
     n_layers = next((n for n in (facts.ref.num_layers, dec_layers, sides.recorded_top(ref)) if n is not None), None)
     held, conflicts = refslots.identify_slots(facts.ref, fp_ref0, tol, n_layers)
     plan = planner.build(dumps, facts, held, conflicts, dec, n_layers)

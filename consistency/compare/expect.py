@@ -87,9 +87,15 @@ def expect_slot(i: int, ref: Dump, ref_side: SideFacts, rs: RefSlot | None, decl
         conflicts = [] if dec is None or dec.agrees(m) else \
             [Conflict("CONTRACT_CONFLICT", i, Source.ref_claim, m, dec, by, {})]
         return Expectation(tensor_for(ref, m), m, Source.ref_claim, "ref_claim"), conflicts
+    last = i == 0 and consumer is not None and consumer.kind in LAST_STATE
+    if last and consumer_source == Source.ref_claim:  # the reference's own consumer outranks a declaration
+        m = Meaning(n_layers, NormState.final_norm)
+        conflicts = [] if dec is None or dec.agrees(m) else \
+            [Conflict("CONTRACT_CONFLICT", i, Source.ref_claim, m, dec, by, {"what": "consumer slot"})]
+        return Expectation(tensor_for(ref, m), m, consumer_source, "consumer"), conflicts
     if dec is not None:
         return Expectation(tensor_for(ref, dec), dec, Source.declared, "declared"), []
-    if i == 0 and consumer is not None and consumer.kind in LAST_STATE and consumer_source != Source.none:
+    if last and consumer_source != Source.none:
         m = Meaning(n_layers, NormState.final_norm)
         return Expectation(tensor_for(ref, m), m, consumer_source, "consumer"), []
     return Expectation(None, None, Source.none, "none"), []

@@ -20,7 +20,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from consistency.contract.models import AuxContract, DumpMetadata, SlotSpec
+from consistency.contract.models import AuxContract
 from consistency.errors import InputError, UsageError
 
 MAX_CONTRACT_BYTES = 4 * 1024 * 1024
@@ -252,12 +252,3 @@ def validation_line(exc: ValidationError) -> str:
     e = exc.errors()[0]
     loc = ".".join(str(x) for x in e["loc"]) or "(root)"
     return " ".join(f"{loc[:120]}: {e['msg']}".split())[:300]
-
-
-def from_metadata(meta: DumpMetadata) -> AuxContract | None:
-    """The contract a training dump implies: its model and its aux stream ids."""
-    if meta.aux is None or not meta.aux.stream_ids or meta.model is None:
-        return None
-    slots = [SlotSpec(stream=s, width=meta.model.hidden_size, residual=meta.aux.residual, norm=meta.aux.norm)
-             for s in meta.aux.stream_ids]
-    return AuxContract(target=meta.model, slots=slots)

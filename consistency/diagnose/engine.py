@@ -14,7 +14,7 @@ from typing import Any
 
 from consistency.compare.engine import Comparison, Status
 from consistency.compare.types import CHECKED
-from consistency.contract.findings import Finding, Severity
+from consistency.contract.findings import CODES, Finding, Severity
 from consistency.diagnose import causes, draft_steps, row_pairs, story, thin, words
 from consistency.diagnose.evidence import Evidence
 from consistency.diagnose.results import finding
@@ -58,7 +58,9 @@ def explain(cmp: Comparison) -> tuple[list[Finding], story.Story | None]:
     st = _story(cmp, ev, actual, unexplained)
     if st is not None and st.code != "LAYER_MISMATCH":
         findings.insert(0, Finding.make(st.code, st.sentence, tensor=names.AUX, evidence=st.detail))
-    return findings, st
+    lead = [f for f in findings if f.severity == Severity.error and CODES[f.code].leads]
+    first = {id(f) for f in lead}
+    return lead + [f for f in findings if id(f) not in first], st  # what changes every reading comes first
 
 
 def _result(ev: Evidence, r: Any) -> tuple[list[Finding], int | None]:
@@ -96,11 +98,9 @@ def _conflicts(cmp: Comparison) -> list[Finding]:
     """Two sources that disagree on what a slot is: the stronger won, the other is named."""
     n = ev_n(cmp)
     out = []
-    for c in cmp.plan.conflicts:
-        tensor = names.aux(c.slot) if c.slot is not None else names.AUX
+    for c in cmp.plan.conflicts:  # about the sources, not a candidate tensor: the slot is in the evidence
         ev = {"slot": c.slot, "winner": c.winner.value, "by": c.by, **{k: v for k, v in c.detail.items()}}
-        out.append(Finding.make(c.kind, words.conflict(c, n), tensor=None if c.kind == "REF_CLAIM_CONTRADICTED" else
-                                tensor, evidence=ev))
+        out.append(Finding.make(c.kind, words.conflict(c, n), tensor=None, evidence=ev))
     return out
 
 

@@ -52,10 +52,6 @@ class Evidence:
             return None
         return fp.rows(name) if name in fp else None
 
-    def ref_names(self, r: Result) -> list[str]:
-        fp = self.cmp.ref_fp.get(self.key(r))
-        return list(fp.names) if fp is not None else []
-
     def view(self, name: str) -> TensorView | None:
         if name in self.cmp.ref.tensors:
             return self.cmp.ref.tensors[name]

@@ -90,9 +90,26 @@ WORDS: dict[str, Callable[[Mapping[str, Any]], str]] = {
 }
 
 
+def _evidence(code: str, d: Mapping[str, Any]) -> dict[str, Any]:
+    """The machine-readable part of each fact, in the report's evidence schema."""
+    if code == "STAGE_MISSING":
+        return {"stage": d["stage"], "missing_ranks": list(d["missing_ranks"]), "layers": list(d["layers"])}
+    if code == "TOKEN_UNOWNED":
+        return {"stage": d["stage"], "tokens": d["tokens"]}
+    if code == "TOKEN_DUPLICATE":
+        return {"stage": d["stage"], "tokens": d["tokens"], "token_rel_diff": float(f"{d['worst']:.4g}")}
+    if code == "STAGE_CONFLICT":
+        return {"stages": list(d["stages"]), "names": [n for n, _ in d["items"]],
+                "token_rel_diff": {n: float(f"{x:.4g}") for n, x in d["items"]}}
+    if code == "STAGE_OUT_OF_RANGE":
+        return {"stage": d["stage"], "layers": list(d["layers"]), "names": list(d["names"]),
+                "local_index": d["local_index"]}
+    return {"stages": list(d.get("stages", []))}
+
+
 def finding(fact: LayoutFact, which: str = "candidate") -> Finding:
     msg = WORDS[fact.code](fact.data)
-    evidence = {k: v for k, v in fact.data.items() if k not in ("nodes",)}
+    evidence = _evidence(fact.code, fact.data)
     if which == "candidate":
         return Finding.make(fact.code, msg, tensor=fact.tensor, evidence=evidence)
     return Finding.make(fact.code, f"{which}: {msg}", tensor=None, evidence=evidence)

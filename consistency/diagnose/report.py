@@ -35,7 +35,7 @@ def build(cmp: Comparison, findings: list[Finding], st: story_mod.Story | None =
             by_tensor[f.tensor] = f.code
     for r in sorted((r for r in cmp.results if r.slot is not None), key=lambda r: r.slot or 0):
         slots.append(SlotReport(
-            slot=r.slot or 0, tensor=r.name, expected=r.expected, expected_stream=r.expected_stream,
+            slot=r.slot or 0, tensor=r.name, expected=cmp.canonical(r.expected), expected_stream=r.expected_stream,
             identified_as=r.holds, identified_stream=r.holds_stream,
             token_rel_diff=float(f"{r.metrics.token_rel_diff:.4g}") if r.metrics else None,
             confidence=None if not r.ident or r.ident.confidence is None else float(f"{min(r.ident.confidence, 1e12):.4g}"),

@@ -30,7 +30,7 @@ def _slot_label(r: Result) -> str:
 def finding(ev: Evidence, r: Result) -> tuple[list[Finding], int | None]:
     """Findings for one result and the stream it was found to hold (for the story)."""
     cmp = ev.cmp
-    base = {"tensor": r.name, "expected": r.expected}
+    base = {"tensor": r.name, "expected": cmp.canonical(r.expected)}
     label = _slot_label(r)
     metrics = r.metrics.as_dict(r.cand.shape) if r.metrics else {}
     if r.ident and r.ident.best:
@@ -46,9 +46,16 @@ def finding(ev: Evidence, r: Result) -> tuple[list[Finding], int | None]:
             stream = r.holds_stream
             what = f"holds {ev.stream_name(held)}" if held else "matches no recorded tensor within its noise floor"
             d = r.metrics.token_rel_diff if r.metrics else 0.0
+            gap = r.ident.gap if r.ident else None
+            blind = gap is None or (r.floor is not None and r.floor >= gap)  # it cannot tell the neighbour apart
+            why = (f"; the tolerance is at or above the gap to the nearest other stream ({gap:.3g}), so it cannot "
+                   "tell the expected stream from its neighbour: nothing was verified" if gap is not None and blind
+                   else "; the reference records no neighbouring stream to tell it from, so nothing was verified"
+                   if blind else "")
             out.append(Finding.make("TOLERATED", f"{label} passes {r.floor_why} (token rel_diff {d:.3g}, beyond its "
-                                    f"noise floor) but {what}; expected {ev.stream_name(r.expected or '')}",
-                                    identified_as=held, metrics=metrics, **base))
+                                    f"noise floor) but {what}; expected {ev.stream_name(r.expected or '')}{why}",
+                                    severity=Severity.error if blind else None, identified_as=held, metrics=metrics,
+                                    **base))
             return out, stream
         out.append(Finding.make("OK", f"{label} matches {r.expected} (token rel_diff "
                                 f"{r.metrics.token_rel_diff:.2e} <= {r.floor:.1e}, {r.floor_why})" if r.metrics else
@@ -106,11 +113,6 @@ def _unpaired(ev: Evidence, r: Result, label: str, base: dict, metrics: dict) ->
     if held is None:
         return [Finding.make("UNMATCHED", f"{label} has no expected reference ({words.why(r.expectation)}) and {holds}",
                              metrics=metrics, **base)], None
-    claimed = _claimed_stream(cmp, r)
-    if claimed is not None and stream is not None and claimed != stream:
-        return [Finding.make("LAYER_MISMATCH", f"{label} claims stream {claimed} in its metadata but {holds}",
-                             identified_as=held, metrics=metrics, evidence={"claimed": claimed, "stream": stream},
-                             **base)], stream
     if r.slot is None:
         return [Finding.make("EXTRA", f"{label} has no reference of its name; {holds}", identified_as=held,
                              metrics=metrics, **base)], stream
@@ -120,8 +122,11 @@ def _unpaired(ev: Evidence, r: Result, label: str, base: dict, metrics: dict) ->
                              f"draft's fc takes {n_ref} x hidden; an extra slot changes its input width; {holds}",
                              severity=Severity.error, identified_as=held, metrics=metrics, **base)], stream
     claim = _claimed_stream(cmp, r)
-    own = f"; the candidate's own metadata claims stream {claim}, which is compared, never trusted" \
-        if claim is not None else ""
+    own = ""
+    if claim is not None:  # compared, never trusted: say whether the values agree with it
+        verdict = "which its values contradict" if stream is not None and claim != stream else \
+            "which its values agree with" if stream == claim else "which nothing could check"
+        own = f"; the candidate's own metadata claims stream {claim}, {verdict} (a side never certifies itself)"
     return [Finding.make("EXPECTATION_UNKNOWN", f"{label}: {holds}; nothing says which stream it should hold "
                          f"({words.why(r.expectation)}){own}, so it was not verified", identified_as=held,
                          metrics=metrics, **base)], stream

@@ -72,12 +72,15 @@ def conflict(c: Conflict, num_layers: int | None = None) -> str:
     if d.get("what") == "slot count":
         return (f"{c.by} declares {d['declared']} slots but the reference holds {d['reference']}: the reference "
                 f"defines the slot list (its draft's fc takes {d['reference']} hidden states)")
+    if d.get("what") == "consumer slot":
+        return (f"slot 0: {c.by} says {meaning(c.said, num_layers)}, but the reference's metadata declares a draft "
+                f"that reads {meaning(c.holds, num_layers)}: the reference's is used")
     if d.get("what") == "consumer":
         return (f"{c.by} declares a {d['declared'][0]} consumer recycling {d['declared'][1]}, the reference's metadata "
                 f"a {d['reference'][0]} consumer recycling {d['reference'][1]}: the reference's is used")
     if c.kind == "REF_CLAIM_CONTRADICTED":
         tensor = d.get("tensor", f"aux.{c.slot}")
-        holds = f"holds {describe(d['holds'], c.holds.stream, num_layers)}" if d.get("holds") else \
+        holds = f"hold {describe(d['holds'], c.holds.stream, num_layers)}" if d.get("holds") else \
             f"is not {meaning(c.said, num_layers)} (nor any recorded stream)"
         return (f"reference {tensor} claims {meaning(c.said, num_layers)} in its metadata but its values "
                 f"{holds}; the values are used")

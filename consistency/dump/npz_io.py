@@ -40,12 +40,20 @@ MAX_NPY_HEADER = 64 * 1024
 DEFLATE_MAX_RATIO = 1100  # deflate cannot exceed ~1032:1; a larger claim is a lie
 _DEFAULT_MAX_BYTES = 256 * 1024**3
 _DEFAULT_MAX_INFLATE = 16 * 1024**3
+_DEFAULT_MAX_CRC = 1024**3
 _BLOCK = 8 << 20
 
 
 def max_member_bytes() -> int:
     """Sane bound on one member's claimed uncompressed size (``CONSISTENCY_MAX_MEMBER_BYTES``)."""
     return env_limit("MAX_MEMBER_BYTES", _DEFAULT_MAX_BYTES)
+
+
+def max_crc_bytes() -> int:
+    """Stored members are read in place, so their CRC is proven at open, up to this many
+    bytes per file (``CONSISTENCY_MAX_CRC_BYTES``; zlib's crc32 runs at GB/s, so 1 GiB is
+    well under a second): a corrupt member is refused, never compared."""
+    return env_limit("MAX_CRC_BYTES", _DEFAULT_MAX_CRC)
 
 
 def max_inflate_bytes() -> int:
@@ -196,6 +204,10 @@ def _scan(path: Path, fd: int, zf: zipfile.ZipFile) -> tuple[dict[str, Member], 
         if info.compress_type == zipfile.ZIP_STORED:
             m.data_offset = start + hlen
         members[name] = m
+    stored = [m for m in members.values() if m.data_offset is not None]
+    if sum(m.info.file_size for m in stored) <= max_crc_bytes():
+        for m in stored:  # deflated members are checked as they are inflated (read_verified)
+            read_verified(path, m, lambda _b: None)
     return members, meta_json
 
 

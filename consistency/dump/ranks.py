@@ -84,6 +84,7 @@ class RankDump(ForeignDump):
         try:
             for r in range(world):
                 self.rank_dumps.append(Dump(by_rank[r]))
+                check_rank(self.rank_dumps[-1], r, world)
             tensors, replicas = tp_combine(self.rank_dumps)
         except BaseException:
             for d in self.rank_dumps:
@@ -174,6 +175,25 @@ def check_set(paths: Sequence[Path], allow_missing: bool = False) -> tuple[int, 
         where = f" (found {len(by_rank)} in {', '.join(dirs[:4])}{', ...' if len(dirs) > 4 else ''})"
         raise InputError(paths[0], f"rank files for ranks {_ranges(missing)} of {world} are missing{where}")
     return world, by_rank
+
+
+def check_rank(d: Dump, rank: int, world: int) -> None:
+    """A rank file's own metadata must agree with its name (``rank{r}-of{w}``): its
+    ``rank``/``world_size`` and every tensor's shard spec. The name decides how the set is
+    merged, so a file that says otherwise is refused rather than merged on either word."""
+    meta = d.metadata
+    if meta is None:
+        return
+    if meta.world_size is not None and meta.world_size != world:
+        raise InputError(d.path, f"its name says rank {rank} of {world} but its metadata says world_size "
+                                 f"{meta.world_size}: the files come from another layout than their names")
+    if meta.rank is not None and meta.rank != rank:
+        raise InputError(d.path, f"its name says rank {rank} of {world} but its metadata says rank {meta.rank}")
+    for name, tm in meta.tensors.items():
+        sh = tm.shard
+        if sh is not None and sh.group == "tp" and (sh.world_size > world or sh.rank >= sh.world_size):
+            raise InputError(d.path, f"tensor {name!r} declares tp rank {sh.rank} of {sh.world_size}, which does "
+                                     f"not fit a set of {world} rank files")
 
 
 def _ranges(xs: Sequence[int]) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import os
 import zipfile
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 from pathlib import Path
@@ -138,10 +138,6 @@ class TensorView:
             out[i:j + 1] = self.rows_float(int(idx[i]), int(idx[j]) + 1, out_dtype)
             i = j + 1
         return out
-
-    def iter_chunks(self, chunk_rows: int) -> Iterator[tuple[int, np.ndarray]]:
-        for start in range(0, self.rows, max(1, chunk_rows)):
-            yield start, self.read_rows(start, start + chunk_rows)
 
     def read_all(self) -> np.ndarray:
         """The whole tensor in its original shape (callers bound the size)."""

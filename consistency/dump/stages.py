@@ -28,7 +28,8 @@ from consistency.dump import layout as lay
 from consistency.dump import names
 from consistency.dump.formats.base import ForeignDump
 from consistency.dump.layout import LayoutFact
-from consistency.dump.ranks import RankDump, _ranges, _replica_spread, _set_name, _spec, check_set, full_shapes, tp_combine
+from consistency.dump.ranks import (RankDump, _ranges, _replica_spread, _set_name, _spec, check_rank, check_set,
+                                    full_shapes, tp_combine)
 from consistency.dump.reader import Dump, TensorView
 from consistency.dump.tokens import TokenView, duplicate_spread, merge_ownership
 from consistency.errors import InputError
@@ -46,6 +47,7 @@ def open_rank_set(paths: Sequence[Path]) -> Dump:
     try:
         for r in sorted(by_rank):
             dumps[r] = Dump(by_rank[r])
+            check_rank(dumps[r], r, world)
         layouts = {r: lay.of(d.metadata, d.path) for r, d in dumps.items()}
         if not any(x is not None and x.staged for x in layouts.values()):
             for d in dumps.values():

@@ -71,7 +71,3 @@ def write_dump(path: str | Path, tensors: Mapping[str, TensorLike], metadata: Du
             header = {META_KEY: meta_json, **extra}
             safetensors_io.write_safetensors(fh, arrays, header)
     return p
-
-
-def metadata_json(meta: DumpMetadata) -> str:
-    return json.dumps(json.loads(meta.model_dump_json(exclude_none=True)), indent=2)

@@ -62,6 +62,10 @@ def dump_kind(path: Path) -> str | None:
     if path.is_dir():
         if (path / "config.json").exists():
             return None
+        for make in formats.REGISTRY:  # a stock dump directory (SGLang, Megatron, vLLM)
+            fmt = make()
+            if fmt.sniff_dir is not None and fmt.sniff_dir(path):
+                return f"a directory of recorded tensors ({fmt.name}: {fmt.description.split(':')[0]})"
         inner = sorted(p for p in path.iterdir() if p.suffix in (".safetensors", ".npz"))[:4]
         kinds = [k for p in inner if (k := dump_kind(p))]
         return f"a directory of recorded tensors ({kinds[0]}: {inner[0].name})" if kinds else None
@@ -75,7 +79,7 @@ def dump_kind(path: Path) -> str | None:
         return None
     for make in formats.REGISTRY:
         fmt = make()
-        if fmt.sniff(path, head):
+        if fmt.sniff is not None and fmt.sniff(path, head):
             return f"{fmt.name} training data ({fmt.description.split(':')[0]})"
     kind = formats.content_kind(head)
     if kind == "zip" and path.suffix == ".npz":

@@ -163,18 +163,6 @@ def _readings(scale: float | None) -> list[tuple[str, str, float]]:
     pairs = [("attn", "mlp"), ("post_attn", "post_mlp"), ("attn", "post_mlp"), ("post_attn", "mlp")]
     return [(a, m, c) for c in ((1.0, scale) if scale else (1.0,)) for a, m in pairs]
 
-
-def aux_slots(streams: dict[str, torch.Tensor], stream_ids: Sequence[int]) -> dict[str, torch.Tensor]:
-    """The aux slots as a training pipeline feeds them: stream tensors in slot order."""
-    out = {}
-    for i, s in enumerate(stream_ids):
-        key = names.hidden(s)
-        if key not in streams:
-            raise ValueError(f"stream {s} is out of range (the model has streams 0..{_max_stream(streams)})")
-        out[names.aux(i)] = streams[key].clone()
-    return out
-
-
 def _max_stream(streams: dict[str, torch.Tensor]) -> int:
     return max((names.stream_of(n) or 0) for n in streams)
 

@@ -19,7 +19,8 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
-from consistency.contract import conventions
+from consistency.contract.runtime_model import capture_limit
+from consistency.contract.versions import parse_version
 from consistency.contract.models import DumpMetadata, ModelInfo, RuntimeInfo
 from consistency.dump import dtypes, names, safetensors_io
 from consistency.dump.formats import speculators
@@ -124,10 +125,10 @@ def _check_version(path: Path, spec: str, streams: list[int], k: int, notes: lis
     version = None
     if "@" in spec:
         try:
-            version = conventions.parse_version(spec.split("@", 1)[1])
+            version = parse_version(spec.split("@", 1)[1])
         except ValueError:
             raise UsageError(f"--convention {spec}: not a version") from None
-    limit = conventions.capture_limit("vllm", version, None)
+    limit = capture_limit("vllm", version, None)
     if len(streams) != k:
         raise InputError(path, f"--layer-ids gives {len(streams)} ids but the file has {k} slots")
     if limit is not None and limit.first == "error" and 0 in streams:
