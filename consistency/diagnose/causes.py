@@ -19,7 +19,7 @@ import numpy as np
 
 from consistency.compare.engine import Comparison, Result, Status
 from consistency.contract.findings import Finding, with_property
-from consistency.diagnose import hypotheses, thin
+from consistency.diagnose import shards, thin
 from consistency.diagnose.evidence import Evidence
 from consistency.diagnose.rootcause import fold_consequences
 from consistency.dump import names
@@ -35,7 +35,7 @@ def _fmt_rows(rows: list[int]) -> str:
 
 def bad_tokens(ev: Evidence, r: Result, label: str, base: dict, metrics: dict) -> Finding:
     """The tensor agrees except at a few positions: name them (first few and a count)."""
-    shard = hypotheses.partial_shard(ev, r)
+    shard = shards.partial_shard(ev, r)
     if shard is not None and _is_shard(ev, r, shard.detail):
         return Finding.make("PARTIAL_SHARD", f"{label} {shard.message}",
                             identified_as=ev.cmp.canonical(shard.identified_as),
@@ -66,10 +66,10 @@ SHARD_SUM_FLOORS = 3.0  # rank files: their sum must come within 3 floors of the
 
 def _is_shard(ev: Evidence, r: Result, detail: dict) -> bool:
     """A few bad rows are a missing all-reduce only with evidence: the rank files' sum is
-    the expected tensor, or the zero rows follow a shard (hypotheses.partial_shard, which
+    the expected tensor, or the zero rows follow a shard (shards.partial_shard, which
     returns nothing for rows that follow none, whatever the metadata's world size)."""
     if detail.get("ranks"):
-        shard = hypotheses.partial_shard(ev, r)
+        shard = shards.partial_shard(ev, r)
         return shard is not None and shard.after <= SHARD_SUM_FLOORS * ev.cmp.pair_floor(r, user=False)[0]
     return True
 

@@ -4,10 +4,12 @@ aux-only dump): where a slot that matches nothing lies between the streams it do
 Residual streams move monotonically with depth: on every scenario family the distance from
 stream a to stream b grows with |a - b| (tests/test_causes.py checks it on the recordings).
 So a slot that should hold stream s and holds an unrecorded one lies *later* when it is
-closer than s itself to the next recorded stream, and *earlier* when it is closer than s to
-the previous one (without a next recorded stream: later when it is farther than s from the
-previous one). A slot far from s (farther than s is from its neighbours) lies nowhere near
-s: nothing is said. When every slot lies on the same side, the pattern is a layer offset
+closer than s itself to the next recorded stream (by a margin), and *earlier* when it is
+closer than s to the previous one; without a recorded stream beyond, later when it is
+farther than s from the previous one by a margin -- a weak reading (an unrelated error
+moves it away as much: the layers' deltas are nearly orthogonal), said as "no earlier
+stream", and a story needs a strong reading beside it. A slot far from s, or one that moved
+both ways or neither, lies nowhere said: nothing is claimed. When every slot lies on the same side, the pattern is a layer offset
 whose size the reference cannot measure -- said as such, never as drift.
 
 N (the model's top stream) comes from the metadata or a declaration, never from the
@@ -36,6 +38,7 @@ class Position:
     d_expected: float
     d_lower: float | None
     d_upper: float | None
+    strong: bool = False  # between two recorded streams; False: only "not on the other side" (one-sided)
 
     @property
     def between(self) -> tuple[int, int | None] | None:
@@ -74,26 +77,42 @@ def position(ev: Evidence, r: Result) -> Position | None:
     de = d(s)
     dl, du = (d(lower) if lower is not None else None), (d(upper) if upper is not None else None)
     gl, gu = (gap(lower) if lower is not None else None), (gap(upper) if upper is not None else None)
-    near = [g for g in (gl, gu) if g is not None]
-    side = None
-    if near and de < min(near):  # in the expected stream's neighbourhood
-        top = ev._num_layers()
-        later = (du is not None and gu is not None and du < gu) or \
-            (upper is None and dl is not None and gl is not None and dl > gl and (top is None or s < top))
-        earlier = (dl is not None and gl is not None and dl < gl) or \
-            (lower is None and du is not None and gu is not None and du > gu and s > 0)
-        side = "later" if later and not earlier else "earlier" if earlier and not later else None
-    return Position(s, lower, upper, side, de, dl, du)
+    top = ev._num_layers()
+    strong_l, strong_e = _toward(de, du, gu), _toward(de, dl, gl)
+    later = strong_l or (upper is None and (top is None or s < top) and _away(de, dl, gl))
+    earlier = strong_e or (lower is None and s > 0 and _away(de, du, gu))
+    side = "later" if later and not earlier else "earlier" if earlier and not later else None
+    strong = (strong_l if side == "later" else strong_e) if side else False
+    return Position(s, lower, upper, side, de, dl, du, strong)
+
+
+MARGIN = 0.25  # a move toward (or away from) a stream must exceed a quarter of the distance moved
+
+
+def _toward(de: float, dn: float | None, gn: float | None) -> bool:
+    """Closer to a neighbouring recorded stream than the expected stream is, by a margin, and
+    nearer the expected stream than that neighbour is: it lies between them."""
+    return dn is not None and gn is not None and de < gn and dn < gn - MARGIN * de
+
+
+def _away(de: float, dn: float | None, gn: float | None) -> bool:
+    """The one-sided test (no recorded stream beyond): farther than the expected stream from
+    the neighbour on the other side, by a margin, and near the expected stream. Weak: the
+    layers' deltas are nearly orthogonal (the streams walk at random: d(6, 8) = d(6, 7) +
+    d(7, 8) on the tiny models), so a later stream and the expected one plus an unrelated
+    error look alike from below; it says "not an earlier stream", no more."""
+    return dn is not None and gn is not None and de < 2 * gn and dn > gn + MARGIN * de
 
 
 def recorded(ev: Evidence, r: Result) -> list[int]:
     return sorted(ev.cmp.recorded_streams(ev.key(r)))
 
 
-def _of(ev: Evidence) -> str:
+def _only(ev: Evidence) -> str:
+    """' of 0..N only', N from the metadata or a declaration (never the highest recorded stream)."""
     n = ev._num_layers()
-    return f" of 0..{n}" if n is not None else \
-        " (the model's depth is unknown here: the highest recorded stream is not its top)"
+    return f" of 0..{n} only" if n is not None else \
+        " only (the model's depth is unknown here: the highest recorded stream is not its top)"
 
 
 def note(ev: Evidence, r: Result) -> str:
@@ -104,7 +123,7 @@ def note(ev: Evidence, r: Result) -> str:
     have = recorded(ev, r)
     if (s - 1 in have or s == 0) and s + 1 in have:
         return ""
-    head = f" The reference records streams {have or 'none'} only{_of(ev)}"
+    head = f" The reference records streams {have or 'none'}{_only(ev)}"
     p = position(ev, r)
     if p is None or p.side is None:
         return head + ": an adjacent layer (off by one) cannot be ruled out; record every stream on the reference " \
@@ -115,6 +134,15 @@ def note(ev: Evidence, r: Result) -> str:
 def where(p: Position, top: int | None) -> str:
     """'it lies after stream 3, between it and stream 7 (token rel_diff 0.22 and 0.29): one of
     streams 4..6, which the reference does not record'."""
+    if not p.strong:
+        if p.side == "later":
+            hi = f"{p.expected + 1}..{top}" if top is not None else f"past {p.expected}"
+            return (f"it is no stream before {p.expected} (token rel_diff {p.d_lower:.3g} to stream {p.lower}, "
+                    f"farther than stream {p.expected} is): a later stream the reference does not record ({hi}), or "
+                    "none of the streams")
+        return (f"it is no stream after {p.expected} (token rel_diff {p.d_upper:.3g} to stream {p.upper}, farther "
+                f"than stream {p.expected} is): an earlier stream the reference does not record (0..{p.expected - 1}), "
+                "or none of the streams")
     if p.side == "later":
         hi = p.upper - 1 if p.upper is not None else top
         span = f"between it and stream {p.upper}" if p.upper is not None else "past every stream it records"
@@ -140,7 +168,7 @@ def story(ev: Evidence, slots: Sequence[Result], unexplained: Sequence[bool], ca
         return None
     ps = [position(ev, r) for r in slots]
     sides = {p.side for p in ps if p is not None}
-    if any(p is None for p in ps) or len(sides) != 1 or None in sides:
+    if any(p is None for p in ps) or len(sides) != 1 or None in sides or not any(p.strong for p in ps if p):
         return None
     side = sides.pop()
     have = recorded(ev, slots[0])
@@ -151,7 +179,7 @@ def story(ev: Evidence, slots: Sequence[Result], unexplained: Sequence[bool], ca
     sentence = (f"every slot lies {side} than the stream {ref_side} used ({ref_side} used {expected}; {cand_side}'s "
                 f"slots lie in streams [{', '.join(fmt(b) for b in ranges if b is not None)}]): a layer offset for "
                 f"every slot ({'the SGLang +1 family' if side == 'later' else 'a layer id read one too low'}), whose "
-                f"size this reference cannot measure: it records streams {have}{_of(ev)} only; record every stream "
+                f"size this reference cannot measure: it records streams {have}{_only(ev)}; record every stream "
                 "on the reference side to measure it")
     claimed = ev.cmp.plan.cand.claimed_streams
     if claimed and len(claimed) == len(slots):
