@@ -58,8 +58,10 @@ class Partial:
 
 def find(ev: Evidence, r: Result) -> Partial | None:
     """Layer s-1's block as the values show it: a partial sum of it (``split``), or an
-    error of at least SHARE_MIN of it on most rows; None when the reference does not record
-    the block or the error is smaller."""
+    error of at least SHARE_MIN of it on most rows (``split`` False: said, never a cause by
+    itself -- drift accumulated over every layer, a quantized target's, is easily as large as
+    one late MLP's output: tiny Llama int8, 77% of layer 6's, near-parallel to it, |cos| 0.6);
+    None when the reference does not record the block or the error is smaller."""
     s = r.expected_stream if not r.post_norm else None
     x, e = ev.cand(r), ev.expected(r)
     if s is None or s < 1 or x is None or e is None or x.shape[0] < 4:
@@ -111,13 +113,6 @@ def _proof(ev: Evidence, r: Result, e: np.ndarray, m: np.ndarray) -> int:
     w = len(views)
     d = token_distance(total - (w - 1) * (e - m), e)
     return w if d <= PROOF_FLOORS * ev.cmp.pair_floor(r, user=False)[0] else 0
-
-
-def not_drift(p: Partial) -> str:
-    """Why a large error against the last block is no drift (for an UNKNOWN finding)."""
-    return (f" Not drift: the difference is {p.share:.0%} of layer {p.layer}'s {p.block} output ({p.tensor}) on "
-            f"{p.partial_rows} of {p.rows} sampled token rows, far more than rounding adds to what one block "
-            "computes (a partial block -- a missing all-reduce or MoE combine -- or a wrong input to the layer).")
 
 
 def sentence(ev: Evidence, p: Partial) -> str:

@@ -175,8 +175,7 @@ def _explain(ev: Evidence, r: Result, label: str, base: dict, metrics: dict) -> 
                                        "sampled_rows": part.rows, "proven_by_ranks": part.proven_by,
                                        "approximate": not part.proven_by}, **base)], None
     worst = float(r.metrics.per_row.max()) if r.metrics.per_row is not None and r.metrics.per_row.size else d
-    large = part is not None and d > DRIFT_ERROR_FACTOR * r.floor  # an error the size of a block: never drift
-    if r.status == Status.drift and worst <= NOT_DRIFT * r.floor and not large:
+    if r.status == Status.drift and worst <= NOT_DRIFT * r.floor:
         strict = ev.cmp.tol.elementwise_strict and r.metrics.mismatched > 0  # --rtol/--atol: any element outside fails
         sev = Severity.warning if d <= DRIFT_ERROR_FACTOR * r.floor and not strict else Severity.error
         gap = r.ident.gap if r.ident else None
@@ -191,7 +190,7 @@ def _explain(ev: Evidence, r: Result, label: str, base: dict, metrics: dict) -> 
     if other is not None:
         return [other], r.holds_stream if other.code == "LAYER_MISMATCH" else None
     near = ", ".join(f"{ev.cmp.canonical(x.name)} ({x.distance:.3g})" for x in (r.ident.ranking[:3] if r.ident else []))
-    thin = causes.thin_note(ev, r) + (partial.not_drift(part) if part is not None else "")
+    thin = causes.thin_note(ev, r)
     return [Finding.make("UNKNOWN", f"{label} differs from {ev.stream_name(r.expected or '')} (token rel_diff {d:.3g}, "
                          f"{d / r.floor:.0f}x its floor) and no explanation holds; nearest: {near or 'none'}.{thin} "
                          f"{r.metrics.mismatch_sentence(r.cand.shape)}",

@@ -48,6 +48,10 @@ def partial_shard(ev: Evidence, r: Result) -> Explanation | None:
     block = names.parse(ev.cmp.canonical(r.ref.name) or "").kind in (names.MLP_OUT, names.ATTN_OUT) if r.ref else False
     if follows:
         msg += f"; the non-zero rows are exactly the tokens with ids in {detail['shard_token_range']}"
+        vs = detail.get("vocab_shard")
+        if vs:
+            msg += f", inside rank {vs['rank']}'s slice [{vs['ids'][0]}, {vs['ids'][1]}) of a vocabulary split " \
+                   f"{vs['world_size']} ways"
         what = "a vocab-parallel embedding without its all-reduce"
     elif block and ranked:
         what = "an expert-parallel MoE output before its combine (the zero rows: tokens routed to other ranks' experts)"
@@ -66,12 +70,18 @@ def partial_shard(ev: Evidence, r: Result) -> Explanation | None:
     return Explanation("PARTIAL_SHARD", f"{msg}: {what}", before, d, r.ref.name if r.ref else None, detail)
 
 
+SHARD_WORLDS = (2, 4, 8, 16, 32, 64)  # world sizes tried when the metadata does not say one
+
+
 def _follows_vocab_shard(ev: Evidence, r: Result, zero: np.ndarray, kept: np.ndarray, detail: dict) -> bool:
-    """The non-zero rows are exactly the tokens of one id range (and, when the vocabulary
-    size and world size are known, that range lies inside one rank's shard of it)."""
+    """The non-zero rows are exactly the tokens of one rank's slice of the vocabulary: their
+    ids span [lo, hi] with no zero row inside it and, when the vocabulary size is known, that
+    span lies inside one slice ceil(V / W) wide for the metadata's world size (or some W a
+    runtime uses), with the zero rows' ids outside it. Without the vocabulary size, two zero
+    rows at least (one row of the 48 can sit at either end of the span by chance)."""
     ids = ev.input_ids("cand") if ev.input_ids("cand") is not None else ev.input_ids("ref")
     idx = ev.index(r)
-    if ids is None or idx is None or len(ids) < r.cand.rows or zero.sum() < 2:
+    if ids is None or idx is None or len(ids) < r.cand.rows:
         return False
     tok = ids[idx]
     lo, hi = int(tok[kept].min()), int(tok[kept].max())
@@ -79,13 +89,18 @@ def _follows_vocab_shard(ev: Evidence, r: Result, zero: np.ndarray, kept: np.nda
     detail.update(shard_token_range=[lo, hi], zero_rows_inside_range=inside_zero)
     if inside_zero:
         return False
-    meta = ev.cmp.cand.metadata or ev.cmp.ref.metadata
-    v = meta.model.vocab_size if meta is not None and meta.model is not None else None
+    metas = [m for m in (ev.cmp.ref.metadata, ev.cmp.cand.metadata) if m is not None and m.model is not None]
+    v = next((m.model.vocab_size for m in metas if m.model.vocab_size), None)
     w = ev.cmp.cand.metadata.world_size if ev.cmp.cand.metadata is not None else None
-    if v and w and w > 1:
-        size = -(-v // w)
-        return lo // size == hi // size  # inside one rank's slice of the vocabulary
-    return True
+    if not v:
+        return int(zero.sum()) >= 2
+    for world in ((w,) if w and w > 1 else SHARD_WORLDS):
+        size = -(-v // world)
+        if lo // size == hi // size:
+            rank = lo // size
+            detail["vocab_shard"] = {"world_size": world, "rank": rank, "ids": [rank * size, min(v, (rank + 1) * size)]}
+            return True
+    return False
 
 
 def _rank_sum(ev: Evidence, r: Result) -> tuple[np.ndarray, int] | None:
