@@ -285,11 +285,17 @@ def scale_mismatch(ev: Evidence, r: Result) -> Explanation | None:
         if abs(a / v - 1) < 0.01:
             hint = f" = {label}, an embedding scale applied on one side only"
             detail["matches"] = label
+    if not hint and abs(a) > 1e-6:
+        inv = 1 / a
+        for v, label in ((a, f"{round(a)}"), (inv, f"1/{round(inv)}")):
+            if abs(v) >= 2 and abs(v - round(v)) <= 0.01 * abs(v):
+                hint = f" (= {label})"
+                break
     if r.expected_stream == 0 and not r.post_norm:
         arch = _architecture(ev)
         hint += ("; slot 0 holds the embedding, so it is an embedding multiplier applied on one side only "
                  "(Gemma's sqrt(hidden_size) normalizer, Granite's embedding_multiplier"
-                 + (f"; the target is a {arch}" if arch else "") + ")") if not hint else \
+                 + (f"; the target is a {arch}" if arch else "") + ")") if "sqrt" not in hint else \
             (f" (the target is a {arch})" if arch else "")
         detail["embedding"] = True
     return Explanation("SCALE_MISMATCH", f"equals the expected tensor times {a:.4g}{hint}", before, d,
