@@ -112,6 +112,40 @@ def test_rank_zero_share_is_a_partial_sum() -> None:
             assert token_distance(p, m) > 0.05 and token_distance(m - p, m) > 0.05, (arch, k)
 
 
+def test_a_fused_add_norm_capture_of_a_gemma2_target_is_named_in_bf16(tmp_path) -> None:  # noqa: ANN001
+    """A Gemma-2 target of other sizes than the scenario families (8 layers, hidden 96, gains
+    1 + 0.2 randn on every norm) recorded by ``consistency.record``; the serving side, a bf16
+    forward, hands over layer 4's input-norm output where stream 4 was meant (a fused
+    add+RMSNorm): NORM_APPLIED, not UNKNOWN, though the sandwich-normed stream is flat."""
+    import transformers
+
+    from consistency.record.api import record_reference
+
+    cfg = transformers.Gemma2Config(hidden_size=96, intermediate_size=192, num_hidden_layers=8, num_attention_heads=4,
+                                    num_key_value_heads=2, head_dim=24, vocab_size=500, max_position_embeddings=512)
+    torch.manual_seed(3)
+    model = transformers.AutoModelForCausalLM.from_config(cfg).eval()
+    with torch.no_grad():
+        for mod in model.modules():
+            if "Norm" in type(mod).__name__:
+                mod.weight.add_(0.2 * torch.randn_like(mod.weight))
+    ids = np.arange(3, 83)
+    ref = record_reference(model, ids, tmp_path / "train.safetensors", aux_streams=[1, 4, 7])
+    low = model.to(torch.bfloat16)
+    got: dict[str, torch.Tensor] = {}
+    hook = low.model.layers[4].input_layernorm.register_forward_hook(lambda _m, _a, o: got.__setitem__("in4", o))
+    with torch.no_grad():
+        hs = low(input_ids=torch.from_numpy(ids)[None], output_hidden_states=True).hidden_states
+    hook.remove()
+    cand = tmp_path / "serve.npz"  # a user's own np.savez of .float() tensors: no metadata
+    np.savez(cand, **{"aux.0": hs[1][0].float().numpy(), "aux.1": got["in4"][0].float().numpy(),
+                      "aux.2": hs[7][0].float().numpy(), "input_ids": ids})
+    rep = run_compare(str(ref), str(cand))
+    errs = _errors(rep)
+    assert [f.tensor for f in errs.get("NORM_APPLIED", [])] == ["aux.1"], sorted(errs)
+    assert "UNKNOWN" not in errs and {s.slot: s.code for s in rep.slots} == {0: "OK", 1: "NORM_APPLIED", 2: "OK"}
+
+
 # -- partial blocks, shards and bad rows ------------------------------------------------------------
 
 def _reference(d, st, t: int = 64):  # noqa: ANN001, ANN202
