@@ -26,7 +26,7 @@ from bench.common import report  # noqa: E402
 
 MODS = ("import consistency.cli, consistency.cli.compare_cmd, consistency.diagnose.pipeline, consistency.compare.engine, "
         "consistency.diagnose.engine, consistency.diagnose.report, consistency.compare.prepare, consistency.dump.sets, "
-        "consistency.compare.metadiff")
+        "consistency.diagnose.metadiff")
 PIPELINE = (MODS + "\nimport sys, time\nt = time.perf_counter()\ntry:\n"
             "    consistency.cli.run(['compare', sys.argv[1], sys.argv[2], '-q'])\nexcept SystemExit:\n    pass\n"
             "print('pipeline', time.perf_counter() - t, file=sys.stderr)")

@@ -10,8 +10,15 @@ Modes, interleaved round-robin so clock and thermal drift hit all of them alike:
   all          AsyncRecorder, every stream 0..N
   naive_aux3   the naive capture: tensor.cpu() inside the hook, 3 slots
   naive_all    the naive capture, every stream
+and, with ``--graphs`` (bench/graph_steps.py: a static KV cache, decode and target-verify
+steps as ``torch.cuda.CUDAGraph`` replays, as SGLang and vLLM run them by default):
+  g_off        graph replays, nothing recorded (the baseline of the g_ modes)
+  g_aux3       graph-safe capture (consistency/record/graphs.py) of the 3 aux slots, every replay
+  g_all        graph-safe capture of every stream, every replay
 Reported: median milliseconds per prefill (batch x tokens) and per decode step, and each
-mode's ratio to ``off``. Random bf16 weights built on the GPU; nothing is downloaded.
+mode's ratio to ``off``; for the g_ modes per decode replay and per verify replay
+([batch, verify-tokens] tokens), ratios to ``g_off``. Random bf16 weights built on the GPU;
+nothing is downloaded.
 """
 
 from __future__ import annotations
@@ -23,15 +30,17 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from consistency.record import capture  # noqa: E402
+from consistency.record import capture, graphs  # noqa: E402
 from consistency.record.async_capture import AsyncRecorder  # noqa: E402
 
 MODES = ("off", "inert", "aux3", "all", "naive_aux3", "naive_all")
+GMODES = ("g_off", "g_aux3", "g_all")
 
 
 def build(small: bool):  # noqa: ANN201
@@ -84,6 +93,10 @@ class Hooks:
     def remove(self) -> None:
         for h in self.handles:
             h.remove()
+
+
+def say(msg: str) -> None:
+    print(f"[bench_record_gpu] {msg}", file=sys.stderr, flush=True)
 
 
 def timed(fn) -> float:  # noqa: ANN001
@@ -139,23 +152,152 @@ def run(args: argparse.Namespace) -> dict:
                 hooks.remove()
                 hooks.sink.clear()
 
-    for mode in MODES:  # warm-up: kernels, allocator, pinned pools
+    modes = [m for m in MODES if m in args.modes]
+    say(f"model built: {n} layers; capturing graphs" if args.graphs else f"model built: {n} layers")
+    graph_run = GraphRun(model, ids, args, {"g_off": None, "g_aux3": aux, "g_all": every}) if args.graphs else None
+    gmodes = [m for m in GMODES if m in args.modes] if graph_run else []
+    say("warm-up")
+    for mode in modes:  # warm-up: kernels, allocator, pinned pools
         once(mode)
-    for mode in MODES:
+    for mode in gmodes:
+        graph_run.once(mode)
+    for mode in modes:
         times[mode] = {"prefill": [], "decode": []}
-    for _ in range(args.repeat):
-        for mode in MODES:
+    graph_run and graph_run.times.clear()
+    for i in range(args.repeat):
+        say(f"round {i + 1} of {args.repeat}")
+        for mode in modes:
             once(mode)
-    verified = verify(model, ids, every, args.tmp)
+        for mode in gmodes:
+            graph_run.once(mode)
+    verified = verify(model, ids, every, args.tmp) if "all" in modes else None
     res: dict = {"verified_equal_to_naive_capture": verified, "dropped": dropped, "device": torch.cuda.get_device_name(), "torch": torch.__version__, "batch": args.batch,
                  "tokens": args.tokens, "decode_steps": args.decode_steps, "repeat": args.repeat,
                  "layers": n, "hidden": model.config.hidden_size, "modes": {}}
-    base = {k: statistics.median(times["off"][k]) for k in ("prefill", "decode")}
-    for mode in MODES:
-        med = {k: statistics.median(times[mode][k]) for k in ("prefill", "decode")}
-        res["modes"][mode] = {f"{k}_ms": round(v, 3) for k, v in med.items()} | {
-            f"{k}_ratio": round(med[k] / base[k], 4) for k in med}
+    if "off" in modes:
+        base = {k: statistics.median(times["off"][k]) for k in ("prefill", "decode")}
+        for mode in modes:
+            med = {k: statistics.median(times[mode][k]) for k in ("prefill", "decode")}
+            res["modes"][mode] = {f"{k}_ms": round(v, 3) for k, v in med.items()} | {
+                f"{k}_ratio": round(med[k] / base[k], 4) for k in med}
+    if graph_run is not None:
+        res["graph_modes"] = graph_run.summary(gmodes)
+        res["graph_verified_equal_to_eager"] = graph_run.verify(every, args.tmp)
+        res["verify_tokens"] = args.verify_tokens
     return res
+
+
+class GraphRun:
+    """The g_ modes: per mode, decode and verify graphs captured once (with the mode's hooks
+    and graph-safe mode on, so their captures become graph buffers), then timed replays."""
+
+    def __init__(self, model, ids: torch.Tensor, args: argparse.Namespace, spec: dict) -> None:  # noqa: ANN001
+        from bench.graph_steps import GraphSteps
+
+        self.model, self.ids, self.args, self.spec = model, ids, args, spec
+        self.steps = GraphSteps(model, args.batch, args.tokens, args.decode_steps, args.verify_tokens)
+        self.times: dict[str, dict[str, list[float]]] = {}
+        self.dropped: dict[str, int] = {}
+        gen = torch.Generator().manual_seed(0)
+        self.bank = torch.randint(0, model.config.vocab_size, (args.decode_steps, args.batch, args.verify_tokens),
+                                  generator=gen).to(ids.device)
+        self.graphs: dict[str, tuple] = {}
+        graphs.enable()
+        say("graph modes: prefill")
+        with torch.no_grad():
+            self.steps.prefill(ids)
+            for mode, streams in spec.items():
+                say(f"capturing {mode}")
+                hooks = Hooks(model, streams, False) if streams else None
+                rec = AsyncRecorder(args.tmp / "capture.safetensors", force=True).prepare() if streams else None
+                if rec is not None:
+                    rec.__enter__()
+                try:
+                    self.graphs[mode] = (self.steps.capture(self.steps.decode_body),
+                                         self.steps.capture(self.steps.verify_body))
+                finally:
+                    if rec is not None:
+                        rec.discard()
+                    if hooks is not None:
+                        hooks.remove()  # replays run no Python: the hooks are needed at capture only
+        graphs.disable()
+
+    def once(self, mode: str) -> None:
+        st, args = self.steps, self.args
+        dec, ver = self.graphs[mode]
+        rec = AsyncRecorder(args.tmp / f"{mode}.safetensors", force=True, max_host_bytes=64 << 30,
+                            ring_bytes=2 << 30).prepare() if self.spec[mode] else None
+        t = self.times.setdefault(mode, {"decode": [], "verify": []})
+        graphs.enable()
+        if rec is not None:
+            rec.__enter__()
+        try:
+            with torch.no_grad(), graphs.replay_sizes(real_tokens=args.batch, real_bs=args.batch):
+                st.prefill(self.ids)
+
+                def decode() -> None:
+                    for _ in range(args.decode_steps):
+                        dec.replay()
+                        st.advance()
+
+                def verify() -> None:
+                    for i in range(args.decode_steps):
+                        st.vids.copy_(self.bank[i])
+                        ver.replay()
+
+                t["decode"].append(timed(decode) / args.decode_steps)
+                st.set_verify(args.tokens + args.decode_steps, torch.Generator().manual_seed(1))
+                t["verify"].append(timed(verify) / args.decode_steps)
+        finally:
+            graphs.disable()
+            if rec is not None:
+                rec.wait()
+                self.dropped[mode] = self.dropped.get(mode, 0) + sum(rec.dropped.values())
+                rec.discard()
+
+    def summary(self, modes: list[str]) -> dict:
+        base = {k: statistics.median(self.times["g_off"][k]) for k in ("decode", "verify")}
+        out: dict = {"dropped": self.dropped}
+        for mode in modes:
+            med = {k: statistics.median(self.times[mode][k]) for k in ("decode", "verify")}
+            out[mode] = {f"{k}_ms": round(v, 4) for k, v in med.items()} | {
+                f"{k}_ratio": round(med[k] / base[k], 4) for k in med}
+        return out
+
+    def verify(self, streams: list[int], tmp: Path) -> dict:
+        """The g_all graphs' recording of 3 decode steps equals the same steps run eagerly
+        (same static cache, same shapes), bit for bit; and the verify step's likewise."""
+        from consistency.dump.reader import open_dump
+        from consistency.record import Recorder
+
+        st = self.steps
+        dec, ver = self.graphs["g_all"]
+        with torch.no_grad():
+            st.prefill(self.ids)
+            hooks = Hooks(self.model, streams, False)
+            with Recorder(tmp / "eager-steps.safetensors", force=True) as eager:
+                for _ in range(3):
+                    st.decode_body()
+                    st.advance()
+                st.set_verify(self.args.tokens + 3, torch.Generator().manual_seed(2))
+                st.verify_body()
+            hooks.remove()
+            st.prefill(self.ids)
+            graphs.enable()
+            with AsyncRecorder(tmp / "graph-steps.safetensors", force=True) as rec:
+                for _ in range(3):
+                    dec.replay()
+                    st.advance()
+                st.set_verify(self.args.tokens + 3, torch.Generator().manual_seed(2))
+                ver.replay()
+            graphs.disable()
+        with open_dump(rec.written) as d:
+            got = {n: d[n].read_all() for n in d.tensors}
+            tagged = sum(1 for m in d.metadata.tensors.values() if m.graph is not None)
+        want = {n: a for n, (a, _dt) in eager.tensors.items()}
+        same = sorted(got) == sorted(want) and all(np.array_equal(got[n], want[n]) for n in want)
+        return {"captures": len(want), "equal": same, "tagged": tagged,
+                "differ": [n for n in want if n in got and not np.array_equal(got[n], want[n])][:8]}
 
 
 def verify(model, ids: torch.Tensor, streams: list[int], tmp: Path) -> dict:  # noqa: ANN001
@@ -192,6 +334,9 @@ def verify(model, ids: torch.Tensor, streams: list[int], tmp: Path) -> dict:  # 
 
 
 def main() -> None:
+    import faulthandler
+
+    faulthandler.enable()
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--tokens", type=int, default=2048)
@@ -200,7 +345,11 @@ def main() -> None:
     ap.add_argument("--small", action="store_true")
     ap.add_argument("--tmp", type=Path, default=Path("/tmp"))
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--graphs", action="store_true", help="also the g_ modes: decode and verify as CUDA-graph replays")
+    ap.add_argument("--verify-tokens", type=int, default=4)
+    ap.add_argument("--modes", default=",".join(MODES + GMODES))
     args = ap.parse_args()
+    args.modes = set(args.modes.split(","))
     res = run(args)
     text = json.dumps(res, indent=1)
     print(text)

@@ -25,6 +25,12 @@ import types
 from typing import Any
 
 __version__ = "0.1.0"
+# The distribution's name on PyPI (`pip install specdec-consistency`); the import name and the
+# command stay `consistency`. `consistency` on PyPI is an unrelated project (a diffusion
+# consistency-model package), so every install line we print or document names DIST.
+DIST = "specdec-consistency"
+HOME = "https://github.com/consistency-dev/consistency"  # pyproject.toml [project.urls]; the docs' links
+TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"  # a bare `pip install torch` is the multi-GB CUDA build
 
 _API = ("compare", "lint", "replay", "record")
 _MODULES = ("api", "testing")

@@ -87,23 +87,35 @@ def lint(draft: PathLike | None = None, target: PathLike | None = None, serve: s
 
 
 def replay(reference: Any, candidate: Any, draft: PathLike, target: Any = None, *, steps: int | None = None,
-           max_drop: float = 5.0, min_acceptance: float | None = None, feed: str = "auto", labels: str = "auto",
-           overrides: Mapping[str, bool] | None = None) -> ReplayReport:
+           max_drop_points: float = 5.0, min_acceptance: float | None = None, feed: str = "auto",
+           labels: str = "auto", overrides: Mapping[str, bool] | None = None,
+           max_drop: float | None = None) -> ReplayReport:
     """Run the EAGLE-3 draft on both sides' aux states and predict acceptance (``consistency replay``).
 
     ``draft`` is a draft directory or a built-in fixture name; ``target`` a built-in tiny
     name, a local HF directory or an already loaded HF model. Sides are paths or mappings
     of tensors (written to a temporary dump, since the replay reads its sides from files).
     Needs torch. Returns the :class:`~consistency.replay.report.ReplayReport`.
+
+    ``max_drop_points`` is the CLI's ``--max-drop-points`` and the gate's ``max_drop_points``;
+    ``max_drop``, its name before 0.1.0's rename, still works and warns (DeprecationWarning).
     """
     from consistency.errors import UsageError
     from consistency.replay.api import replay_check
 
-    if max_drop < 0:
-        raise UsageError("max_drop must be >= 0")
+    if max_drop is not None:
+        import warnings
+
+        warnings.warn("consistency.replay(max_drop=...) is deprecated: use max_drop_points (the name the CLI and "
+                      "the gate use)", DeprecationWarning, stacklevel=2)
+        if max_drop_points != 5.0 and max_drop_points != max_drop:
+            raise UsageError(f"max_drop={max_drop} and max_drop_points={max_drop_points}: give one (max_drop_points)")
+        max_drop_points = max_drop
+    if not max_drop_points >= 0:
+        raise UsageError(f"max_drop_points must be >= 0, got {max_drop_points}")
     with _on_disk(reference, "reference") as ref, _on_disk(candidate, "candidate") as cand:
         return replay_check(_path(draft), ref, cand, target=_path(target) if isinstance(target, (str, os.PathLike))
-                            else target, steps=steps, max_drop_points=max_drop, min_acceptance=min_acceptance,
+                            else target, steps=steps, max_drop_points=max_drop_points, min_acceptance=min_acceptance,
                             feed=feed, labels=labels, overrides=dict(overrides) if overrides else None)
 
 

@@ -14,7 +14,7 @@ class ConsistencyError(Exception):
     """Base class: anything the user can fix; the CLI maps it to exit code 2.
 
     Messages quote file names and values from files; whoever prints one renders it inert
-    for its output (``consistency.report.escape``; the CLI's error line uses ``term``).
+    for its output (``consistency.escape``; the CLI's error line uses ``term``).
     """
 
     exit_code = 2
@@ -66,12 +66,28 @@ def need(extra: str, module: str, what: str = "") -> ModuleType:
     return importlib.import_module(module)
 
 
+# extras that pull torch: pip resolves a bare torch to the multi-GB CUDA build on Linux
+TORCH_EXTRAS = frozenset({"torch", "hf", "interop", "test"})
+
+
+def install_line(extra: str | None = None) -> str:
+    """The pip command that installs this package (with ``extra``), by its distribution name,
+    with how to get the CPU wheel first when the extra pulls torch. Every install hint the
+    package prints comes from here (tests/test_newcomer.py checks them against pyproject)."""
+    from consistency import DIST, TORCH_CPU_INDEX
+
+    line = f"pip install '{DIST}[{extra}]'" if extra else f"pip install {DIST}"
+    if extra in TORCH_EXTRAS:
+        line += f" (without a GPU, first the CPU wheel of torch: pip install torch --index-url {TORCH_CPU_INDEX})"
+    return line
+
+
 class MissingDependency(UsageError):
     """An optional dependency is not installed: the message carries the pip line."""
 
     def __init__(self, extra: str, module: str, what: str = "", missing: str | None = None) -> None:
         self.extra, self.module = extra, module
-        self.install = f"pip install 'consistency[{extra}]'"
+        self.install = install_line(extra)
         why = f"{what} needs {module}" if what else f"{module} is not installed"
         extra_note = f" (missing module: {missing})" if missing and missing != module.split(".")[0] else ""
         super().__init__(f"{why}{extra_note}; install it with: {self.install}")

@@ -37,7 +37,7 @@ def assert_consistent(reference: Any, candidate: Any, **options: Any) -> Compare
 def message(rep: CompareReport) -> str:
     """The failure text: summary, slot table, then each error with its numbers."""
     from consistency.contract.findings import Severity
-    from consistency.report.escape import term
+    from consistency.escape import term
 
     lines = [f"{term(rep.reference.path)} and {term(rep.candidate.path)} are not consistent: {term(rep.summary)}"]
     if rep.slots:
@@ -67,7 +67,7 @@ def message(rep: CompareReport) -> str:
 
 
 def _stream(name: str | None, stream: int | None) -> str:
-    from consistency.report.escape import term
+    from consistency.escape import term
 
     if name is None:
         return "-"

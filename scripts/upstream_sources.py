@@ -67,20 +67,20 @@ PINS: dict[tuple[str, str], tuple[str, str, tuple[str, ...]]] = {
                          "4b6bdec4ab269990bf70d45a3c1e94c3760a27064513760193b26d6f0da883aa",
                          ("manylinux_2_28_x86_64",)),
 }
-# members unpacked: what the patches (+++ b/...) and the quoted sources name, and their neighbours
+# members unpacked: what the patches (+++ b/...) and the quoted sources name, and their neighbours;
+# the stock dumpers' files (dump/formats/); the CUDA-graph runners the graph-safe hooks wrap
+# (consistency/record/graph_runners.py)
 PREFIXES = ("sglang/srt/models/", "sglang/srt/layers/aux_hidden_states.py", "vllm/model_executor/models/",
-            "sglang/srt/debug_utils/", "megatron/training/activation_logging.py", "megatron/training/checkpointing.py")
+            "sglang/srt/debug_utils/", "megatron/training/activation_logging.py", "megatron/training/checkpointing.py",
+            "sglang/srt/model_executor/cuda_graph_runner.py", "sglang/srt/model_executor/forward_batch_info.py",
+            "sglang/srt/model_executor/runner/", "sglang/srt/model_executor/runner_backend/full_cuda_graph_backend.py",
+            "sglang/srt/speculative/eagle_draft_cuda_graph_runner.py",
+            "sglang/srt/speculative/eagle_draft_extend_cuda_graph_runner.py",
+            "vllm/v1/worker/gpu_model_runner.py", "vllm/compilation/cuda_graph.py")
 MARK = ".consistency-sha256"  # written last: a tree holding it was fully unpacked from the pinned wheel
 PYTHON = {("megatron-core", "0.18.0"): "3.12"}  # the wheel's tag (its files are plain Python, read not installed)
-FIRST_PREFIXES = PREFIXES[:3]  # what trees unpacked before the stock-dumper files hold (their mark is the digest alone)
-
-
-def mark_text(pkg: str, digest: str) -> str:
-    """The mark records the prefixes a package's tree needs beyond the first set, so a tree
-    unpacked before they were added is unpacked again (and no other tree is)."""
-    top = pkg.replace("-core", "").replace("-", "_") + "/"
-    extra = [p for p in PREFIXES if p.startswith(top) and p not in FIRST_PREFIXES]
-    return digest if not extra else f"{digest} {hashlib.sha256(repr(extra).encode()).hexdigest()[:12]}"
+# the mark holds the wheel's sha256 and a digest of PREFIXES: a tree unpacked with fewer members is redone
+MEMBERS = hashlib.sha256(repr(PREFIXES).encode()).hexdigest()[:16]
 
 
 def default_cache() -> Path:
@@ -130,14 +130,14 @@ def unpack(whl: Path, digest: str, tree: Path, pkg: str = "") -> int:
             dst.parent.mkdir(parents=True, exist_ok=True)
             dst.write_bytes(z.read(info))
             n += 1
-    (tree / MARK).write_text(mark_text(pkg, digest) + "\n")
+    (tree / MARK).write_text(f"{digest}\n{MEMBERS}\n")
     return n
 
 
 def fetch(pkg: str, version: str, cache: Path) -> str:
     name, digest, _ = PINS[(pkg, version)]
     tree = cache / f"{pkg}-{version}"
-    if (tree / MARK).is_file() and (tree / MARK).read_text().strip() == mark_text(pkg, digest):
+    if (tree / MARK).is_file() and (tree / MARK).read_text().split() == [digest, MEMBERS]:
         return f"{pkg} {version}: cached in {tree}"
     t0 = time.perf_counter()
     whl = download(pkg, version, cache / "wheels")

@@ -32,20 +32,38 @@ def action(*args: str | Path, tmp: Path) -> tuple[int, dict[str, str], str]:
 
 
 def test_install_without_torch_unless_replay_is_declared(tmp_path: Path) -> None:
+    """The decision is the installed gate's reading of the config (``gate --plan``), made in
+    the environment the action installs into (here: this test's own, so nothing downloads)."""
+    venv = Path(sys.prefix)
+    py = venv / "bin" / "python"
+    pip = f"+ {py} -m pip install -q --disable-pip-version-check"
     plain = tmp_path / "plain.toml"
-    plain.write_text((CONFIGS / "pass.toml").read_text())
-    rc, out, log = action("install", "--dry-run", "--config", plain, "--source", ROOT, tmp=tmp_path)
-    assert rc == 0 and out["replay"] == "false"
-    assert log.strip().splitlines() == [f"+ -m pip install -q {ROOT}"]
+    plain.write_text((CONFIGS / "pass.toml").read_text().replace("../../", f"{ROOT}/"))
+    rc, out, log = action("install", "--dry-run", "--venv", venv, "--config", plain, "--source", ROOT, tmp=tmp_path)
+    assert rc == 0 and out["replay"] == "false" and out["python"] == str(py) and out["needs"] == "", log
+    assert log.strip().splitlines() == [f"{pip} {ROOT}"]
     replay = tmp_path / "replay.toml"
     replay.write_text(plain.read_text() + '\n[[replay]]\nname = "acceptance"\ndraft = "d"\n')
-    rc, out, log = action("install", "--dry-run", "--config", replay, "--version", "v0.1.0", tmp=tmp_path)
-    assert rc == 0 and out["replay"] == "true"
-    assert log.strip().splitlines() == ["+ -m pip install -q torch --index-url https://download.pytorch.org/whl/cpu",
-                                        "+ -m pip install -q consistency[hf]==0.1.0"]
+    rc, out, log = action("install", "--dry-run", "--venv", venv, "--config", replay, "--version", "v0.1.0",
+                          tmp=tmp_path)
+    assert rc == 0 and out["replay"] == "true" and out["needs"] == "torch,transformers", log
+    assert log.strip().splitlines() == [f"{pip} specdec-consistency==0.1.0",
+                                        f"{pip} torch --index-url https://download.pytorch.org/whl/cpu",
+                                        f"{pip} specdec-consistency[hf]==0.1.0"]
     url = "git+https://example.invalid/consistency@main"
-    rc, _out, log = action("install", "--dry-run", "--config", plain, "--version", url, tmp=tmp_path)
-    assert log.strip() == f"+ -m pip install -q {url}"
+    rc, _out, log = action("install", "--dry-run", "--venv", venv, "--config", plain, "--version", url, tmp=tmp_path)
+    assert log.strip() == f"{pip} {url}"
+
+
+def test_install_creates_a_virtual_environment_never_the_system_python(tmp_path: Path) -> None:
+    """A Debian/Ubuntu system Python refuses ``pip install`` (externally managed): the
+    action always installs into a venv of its own, under RUNNER_TEMP by default."""
+    rc, out, log = action("install", "--dry-run", "--config", CONFIGS / "pass.toml", "--source", ROOT, tmp=tmp_path)
+    venv = tmp_path / "consistency-venv"
+    assert rc == 0 and out["python"] == str(venv / "bin" / "python"), log
+    lines = log.strip().splitlines()
+    assert lines[0] == f"+ {sys.executable} -m venv {venv}"
+    assert lines[1].startswith(f"+ {venv}/bin/python -m pip install")
 
 
 def test_gate_on_the_repository_fixtures_writes_reports_and_outputs(tmp_path: Path) -> None:
@@ -73,7 +91,7 @@ def test_fail_on(tmp_path: Path) -> None:
     rc, out, log = action("gate", "--config", warn, tmp=tmp_path)
     assert (rc, out["verdict"]) == (0, "pass"), log
     rc, out, log = action("gate", "--config", warn, "--fail-on", "warning", tmp=tmp_path)
-    assert (rc, out["verdict"], out["exit-code"]) == (1, "pass", "1"), log
+    assert (rc, out["verdict"], out["exit-code"]) == (1, "fail", "1"), log  # verdict and exit code agree
     rc, _out, log = action("gate", "--config", warn, "--fail-on", "sometimes", tmp=tmp_path)
     assert rc == 2 and "fail-on" in log
 
@@ -133,13 +151,42 @@ def _project(tmp: Path, draft: str, runtime: str) -> Path:
     return tmp
 
 
+def _documented_inputs() -> set[str]:
+    """Every input file a documented consistency.toml names (docs/ci.md, the tutorial), as a
+    repository path; a draft directory stands for its config.json and its weights."""
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        import tomli as tomllib
+    found: set[str] = set()
+    for doc in ("docs/ci.md", "docs/tutorial-low-acceptance.md"):
+        text = (ROOT / doc).read_text()  # ```toml blocks, and configs a console block writes with a heredoc
+        for block in re.findall(r"```toml\n(.*?)```", text, re.S) + \
+                re.findall(r"cat > \S*\.toml <<'EOF'\n(.*?)^EOF$", text, re.S | re.M):
+            cfg = tomllib.loads(block)
+            for entry in (e for kind in ("lint", "compare", "replay") for e in cfg.get(kind, [])):
+                for key in ("draft", "target", "trained_with", "reference", "candidate", "contract"):
+                    v = entry.get(key)
+                    if not isinstance(v, str) or ":" in v or v.startswith("tiny-"):
+                        continue  # "specforge:1,29,57" and built-in names are not files
+                    found |= {v} if Path(v).suffix else {f"{v}/config.json", f"{v}/model.safetensors"}
+    return found
+
+
 def test_precommit_hook_files_pattern() -> None:
+    """Each hook fires on every input the documented configs name (configs/kimi-k2.5.json is not
+    config.json), on the gate config wherever it lives, and not on unrelated files."""
+    docs = _documented_inputs()
+    assert {"configs/kimi-k2.5.json", "target-config.json", "dumps/train.safetensors"} <= docs, docs
+    for hook in ("consistency-lint", "consistency-lint-draft"):
+        pat = re.compile(_hooks()[hook]["files"])
+        for f in sorted(docs) + ["drafts/kimi/config.json", "config.json", "drafts/kimi/model.safetensors",
+                                 "drafts/kimi/model.safetensors.index.json", "contract.yaml"]:
+            assert pat.search(f), (hook, f)
+        for f in ("README.md", "consistency.toml.bak", "src/train.py", "my_config.json.orig", "model.bin"):
+            assert not pat.search(f), (hook, f)
     pat = re.compile(_hooks()["consistency-lint"]["files"])
-    for f in ("consistency.toml", "ci/consistency.toml", "drafts/kimi/config.json", "config.json",
-              "drafts/kimi/model.safetensors", "drafts/kimi/model.safetensors.index.json"):
-        assert pat.search(f), f
-    for f in ("README.md", "consistency.toml.bak", "src/train.py", "my_config.json.orig"):
-        assert not pat.search(f), f
+    assert all(pat.search(f) for f in ("consistency.toml", "ci/consistency.toml", "ci/gate.toml"))
 
 
 def test_precommit_hook_entry_on_real_files(tmp_path: Path) -> None:

@@ -9,24 +9,25 @@ from pathlib import Path
 from tests.conftest import ROOT
 
 PKG = ROOT / "consistency"
-# who may import whom (top-level subpackages); bottom layer: errors <- contract <- dump
+# who may import whom (top-level subpackages); bottom layer: escape <- errors <- contract <- dump
 ALLOWED: dict[str, set[str]] = {
     "__main__": {"cli"},
-    "api": {"compare", "contract", "diagnose", "dump", "errors", "lint", "record", "replay"},
-    "testing": {"api", "contract", "report"},
-    "cli": {"compare", "contract", "diagnose", "dump", "errors", "gate", "lint", "record", "replay", "report",
-            "interop"},
-    "gate": {"compare", "contract", "diagnose", "dump", "errors", "lint", "replay", "report"},
-    "diagnose": {"compare", "contract", "dump", "errors"},
-    "replay": {"compare", "contract", "dump", "errors", "record", "report"},  # report.escape in replay/text
-    "interop": {"contract", "dump", "errors", "record"},
-    "compare": {"contract", "dump", "errors"},
-    "lint": {"contract", "dump", "errors", "report"},  # report.escape in lint/render
-    "record": {"contract", "dump", "errors", "report"},  # report.escape for the recorder's stderr line
-    "report": {"contract", "dump", "errors"},
-    "dump": {"contract", "errors"},
-    "contract": {"errors"},
-    "errors": set(),
+    "api": {"compare", "contract", "diagnose", "dump", "errors", "escape", "lint", "record", "replay"},
+    "testing": {"api", "contract", "escape", "report"},
+    "cli": {"compare", "contract", "diagnose", "dump", "errors", "escape", "gate", "lint", "record", "replay",
+            "report", "interop"},
+    "gate": {"compare", "contract", "diagnose", "dump", "errors", "escape", "lint", "replay", "report"},
+    "diagnose": {"compare", "contract", "dump", "errors", "escape"},
+    "replay": {"compare", "contract", "dump", "errors", "escape", "record"},
+    "interop": {"contract", "dump", "errors", "escape", "record"},
+    "compare": {"contract", "dump", "errors", "escape"},
+    "lint": {"contract", "dump", "errors", "escape"},
+    "record": {"contract", "dump", "errors", "escape"},
+    "report": {"contract", "dump", "errors", "escape"},
+    "dump": {"contract", "errors", "escape"},
+    "contract": {"errors", "escape"},
+    "errors": {"escape"},
+    "escape": set(),  # the bottom: renders untrusted strings inert for every layer, imports nothing
     "__init__": set(),
 }
 MAX_LINES = 400

@@ -150,24 +150,33 @@ def test_outputs_are_not_clobbered_without_force(tmp_path: Path) -> None:
     assert r.returncode == 2 and (tmp_path / "j.xml").read_text() == "keep"
 
 
-def test_replay_declared_where_the_replay_package_is_missing_is_skipped_with_info(tmp_path: Path) -> None:
-    """An install without replay (its module blocked in the subprocess) degrades to an info skip."""
+def test_replay_that_cannot_run_is_an_error_unless_optional(tmp_path: Path) -> None:
+    """An install without replay (its module blocked in the subprocess): the declared replay
+    is an error, not a skip (a CI job without torch must not turn it into a green gate);
+    ``optional = true`` makes it an info skip that the summary names as not checked."""
     import subprocess
     import sys
 
-    cfg = project(tmp_path, '\n[[replay]]\nname = "acceptance"\ndraft = "drafts/seed.json"\n')
     code = ("import sys; sys.modules['consistency.replay.api'] = None\n"
             "from consistency.cli import run; run(sys.argv[1:])")
-    r = subprocess.run([sys.executable, "-c", code, "gate", "--config", str(cfg), "--only", "kimi-fixed", "--only",
-                        "acceptance", "--json", "-", "--junit", str(tmp_path / "j.xml")], capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr  # a skipped replay does not fail the gate
-    rep = json.loads(r.stdout)
-    replay = next(c for c in rep["checks"] if c["kind"] == "replay")
-    assert replay["verdict"] == "skipped" and "replay is not available" in replay["summary"]
-    assert replay["cases"][0]["severity"] == "info"
-    suite = next(s for s in ET.parse(tmp_path / "j.xml").getroot().iter("testsuite")
-                 if s.get("name") == "replay: acceptance")
-    assert suite.get("skipped") == "1"
+    for optional, rc, verdict in (("", 2, "error"), ("optional = true\n", 0, "skipped")):
+        d = tmp_path / f"opt{bool(optional)}"
+        d.mkdir()
+        cfg = project(d, f'\n[[replay]]\nname = "acceptance"\ndraft = "drafts/seed.json"\n{optional}')
+        r = subprocess.run([sys.executable, "-c", code, "gate", "--config", str(cfg), "--only", "kimi-fixed", "--only",
+                            "acceptance", "--json", "-", "--junit", str(d / "j.xml")], capture_output=True, text=True)
+        assert r.returncode == rc, r.stderr
+        rep = json.loads(r.stdout)
+        replay = next(c for c in rep["checks"] if c["kind"] == "replay")
+        assert replay["verdict"] == verdict and "replay is not available" in replay["summary"]
+        suite = next(s for s in ET.parse(d / "j.xml").getroot().iter("testsuite")
+                     if s.get("name") == "replay: acceptance")
+        if optional:
+            assert replay["cases"][0]["severity"] == "info" and suite.get("skipped") == "1"
+            assert rep["verdict"] == "pass" and rep["summary"].endswith("; not checked: replay/acceptance")
+        else:
+            assert replay["cases"][0]["status"] == "error" and suite.get("errors") == "1"
+            assert rep["verdict"] == "error" and "optional = true" in replay["summary"]
 
 
 def test_replay_hook_contract(tmp_path: Path) -> None:
@@ -318,7 +327,7 @@ run(sys.argv[1:])
 """
 
 
-def test_gate_without_torch_runs_lint_and_compare_and_skips_replay_with_the_install_line(tmp_path: Path) -> None:
+def test_gate_without_torch_runs_lint_and_compare_and_errs_on_replay_with_the_install_line(tmp_path: Path) -> None:
     import subprocess
     import sys
 
@@ -331,20 +340,21 @@ def test_gate_without_torch_runs_lint_and_compare_and_skips_replay_with_the_inst
     assert "Traceback" not in r.stderr and "ModuleNotFoundError" not in r.stdout + r.stderr
     rep = json.loads((tmp_path / "g.json").read_text())
     verdicts = {c["name"]: c["verdict"] for c in rep["checks"]}
-    assert verdicts == {"kimi-fixed": "pass", "same": "pass", "acc": "skipped"}
+    assert verdicts == {"kimi-fixed": "pass", "same": "pass", "acc": "error"}
     acc = next(c for c in rep["checks"] if c["name"] == "acc")
-    assert "pip install 'consistency[hf]'" in acc["summary"]
-    assert all(c["status"] == "skipped" for c in acc["cases"])  # never counted as passed
-    assert rep["summary"].startswith("3 checks: 2 passed, 0 failed, 0 errored, 1 skipped")
-    assert r.returncode == 0 and "pip install 'consistency[hf]'" in r.stdout
+    assert "pip install 'specdec-consistency[hf]'" in acc["summary"] and "cannot run here" in acc["summary"]
+    assert all(c["status"] == "error" for c in acc["cases"])  # never counted as passed, nor as skipped
+    assert rep["summary"].startswith("3 checks: 2 passed, 0 failed, 1 errored, 0 skipped (replay/acc)")
+    assert r.returncode == 2 and "pip install 'specdec-consistency[hf]'" in r.stdout
     suite = next(s for s in ET.parse(tmp_path / "g.xml").getroot().iter("testsuite") if s.get("name") == "replay: acc")
-    assert suite.get("skipped") == "1" and suite.get("failures") == "0"
+    assert suite.get("errors") == "1" and suite.get("failures") == "0"
 
 
 def test_a_gate_where_everything_was_skipped_is_not_a_pass(tmp_path: Path) -> None:
-    cfg = load(project(tmp_path, '\n[[replay]]\nname = "acc"\ndraft = "drafts/seed.json"\n'))
-    rep = run_gate(cfg, Runners(lambda o: {}, lambda o: {}, None, "replay skipped: no torch"), only=("acc",))
+    cfg = load(project(tmp_path, '\n[[replay]]\nname = "acc"\ndraft = "drafts/seed.json"\noptional = true\n'))
+    rep = run_gate(cfg, Runners(lambda o: {}, lambda o: {}, None, "replay needs torch"), only=("acc",))
     assert rep.verdict == "error" and "nothing was checked" in rep.summary and rep.exit_code == 2
+    assert rep.checks[0].verdict == "skipped"
 
 
 def test_quiet_prints_the_verdict_line_only_and_counts_read_as_english(tmp_path: Path) -> None:
@@ -353,3 +363,13 @@ def test_quiet_prints_the_verdict_line_only_and_counts_read_as_english(tmp_path:
     assert r.returncode == 0 and r.stdout.splitlines() == ["PASS  1 check: 1 passed, 0 failed, 0 errored, 0 skipped"]
     r = run_cli("gate", "--config", str(cfg), "--quiet")
     assert r.returncode == 1 and len(r.stdout.splitlines()) == 1 and r.stdout.startswith("FAIL  2 checks: ")
+
+
+def test_a_kind_with_zero_checks_is_nothing_to_check(tmp_path):
+    """--kind replay on a config without [[replay]]: exit 2, never a pass of zero checks (issue 24)."""
+    from tests.conftest import run_cli
+
+    cfg = tmp_path / "consistency.toml"
+    cfg.write_text('[[lint]]\nname = "l"\ntarget = "tiny-llama"\n')
+    r = run_cli("gate", "--config", str(cfg), "--kind", "replay", cwd=tmp_path)
+    assert r.returncode == 2 and "nothing to check" in r.stderr, r.stderr

@@ -25,16 +25,18 @@ import pytest
 
 from conftest import cli, run_cli
 from consistency.contract.models import AuxInfo, DumpMetadata, ModelInfo, RuntimeInfo, TensorMeta
-from consistency.report import escape as esc
+from consistency import escape as esc
 
 # printable (a tensor name must be): markup, workflow commands, HTML, mathtext, Markdown
 NAMES = ["[/]", "[link=https://evil.example]click[/link]", "::error::forged-by-name", "<script>alert(1)</script>",
-         r"$\frac{}{}$", "a|b`c`*d*", "[bold red]x[/bold red]"]
+         r"$\frac{}{}$", "a|b`c`*d*", "[bold red]x[/bold red]", "##[error]legacy-by-name",
+         "x##[set-output name=verdict;]pass", "#", "#[add-mask]half"]
 # metadata values: the reader already refuses C0/C1 controls but tab, CR and newline in
 # metadata, so those, bidi overrides and markup are what a hostile header can carry; ESC,
 # BEL and C1 arrive through file names (any byte but "/" and NUL), planted below
 META = ["line\n::error file=x::forged-by-metadata", "tab\there\rcr", "<script>x</script>", "[/]",
-        "[link=https://evil.example]meta[/link]", "$\\frac{}{}$", "a|b`c`", "\u202eevil", "::warning::m"]
+        "[link=https://evil.example]meta[/link]", "$\\frac{}{}$", "a|b`c`", "\u202eevil", "::warning::m",
+        "##[stop-commands]tok", "tail ##[add-mask]secret"]
 FILE_NAME = "e\x1b[31m\x07[bold]::error::f\nx.safetensors"
 CONTROL = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
 
@@ -48,6 +50,7 @@ def _inert(text: str, allowed_annotations: int = 0) -> None:
     for line in commands:  # ours: ::error|warning props::data, with the data percent-encoded
         assert re.match(r"^::(error|warning) [^:]*::", line), line
     assert "::error::forged" not in "\n".join(line for line in text.splitlines() if not line.startswith("::"))
+    assert "##[" not in text  # the runner's legacy syntax is matched anywhere in a line
 
 
 def _dumps(d: Path) -> tuple[Path, Path]:
@@ -177,7 +180,7 @@ def test_gate_text_annotations_junit_sarif_summary_are_inert(corpus: tuple[Path,
     (tmp_path / "dumps" / "cand.safetensors").write_bytes(cp.read_bytes())
     draft = tmp_path / "draft <b>|`x`.json"
     draft.write_bytes((FIX / "drafts" / "sglang" / "kimi-k2.5-eagle3-seed.json").read_bytes())
-    hostile_check = "::error::forged-by-check [/] <script>x</script> | `y` \\x1b"
+    hostile_check = "::error::forged-by-check [/] <script>x</script> | `y` \\x1b ##[error]legacy"
     cfg = tmp_path / "consistency.toml"
     cfg.write_text(
         f"[[lint]]\nname = {json.dumps(hostile_check + ' lint')}\ndraft = {json.dumps(draft.name)}\n"
@@ -223,17 +226,33 @@ def test_gate_text_annotations_junit_sarif_summary_are_inert(corpus: tuple[Path,
 def test_each_escape_helper_on_the_corpus(s: str) -> None:
     t = esc.term(s)
     assert not CONTROL.search(t) and "\n" not in t and "::" not in t and not t.startswith(":")
+    assert "##[" not in t and "##[" not in esc.term("#") + t + esc.term("#")  # nor where two escaped strings meet
+    assert "##[" not in esc.annotation_data(s) and "##[" not in esc.annotation_prop(s)
     el = ET.Element("a", b=esc.xml(s))
     el.text = esc.xml(s)
     assert ET.fromstring(ET.tostring(el, encoding="unicode")).get("b") == esc.xml(s)  # well-formed XML
     m = esc.md(s)
-    assert "\n" not in m and "<" not in m and not re.search(r"(?<!\\)[|`]", m)
+    # every punctuation mark escaped: inert for Markdown, HTML and a shell sourcing the file
+    assert "\n" not in m and not re.search(r"(?<!\\)[<>&|`;$()'\"]", m)
     assert re.fullmatch(r"[A-Za-z0-9\-._~/%:]+", esc.uri(Path("/w") / s, Path("/w")))
     h = esc.html(s)
     assert "<" not in h and '"' not in h and not CONTROL.search(h)
     assert not re.search(r"(?<!\\)\$", esc.mpl(s))
     a = esc.annotation_data(s)
     assert "\n" not in a and "\r" not in a and not CONTROL.search(a)
+
+
+def test_json_on_stdout_is_inert_in_a_ci_log_and_still_the_same_data(corpus: tuple[Path, Path, Path]) -> None:
+    """``--json -`` lands in the job log line by line: no line is a workflow command there,
+    and a JSON parser reads the same strings back."""
+    d, rp, cp = corpus
+    for argv in (["compare", str(rp), str(cp), "--json", "-"], ["inspect", str(cp), "--json"]):
+        r = run_cli(*argv)
+        assert r.returncode in (0, 1), r.stderr
+        _inert(r.stdout)
+        data = json.loads(r.stdout)
+        text = json.dumps(data)
+        assert "##[error]legacy-by-name" in text and "::error::forged-by-name" in text
 
 
 def test_rich_render_of_markup_names_does_not_crash_or_link() -> None:

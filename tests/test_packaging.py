@@ -43,7 +43,7 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, str
         fcntl.flock(lock, fcntl.LOCK_EX)
         build = _run(sys.executable, "-m", "pip", "wheel", str(ROOT), "--no-deps", "-w", tmp / "dist", cwd=tmp)
     assert build.returncode == 0, build.stderr[-3000:]
-    whl = next((tmp / "dist").glob("consistency-*.whl"))
+    whl = next((tmp / "dist").glob("specdec_consistency-*.whl"))  # the distribution name (pyproject)
     venv = tmp / "venv"
     made = _run(sys.executable, "-m", "venv", "--without-pip", venv, cwd=tmp)
     assert made.returncode == 0, made.stderr

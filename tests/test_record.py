@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from consistency.dump import names
+from consistency.dump.writer import write_dump
 from consistency.dump.reader import open_dump
 from consistency.record import Recorder, capture
 from consistency.record.api import record_reference, record_serving
@@ -134,6 +135,34 @@ def _rank_worker(rank: int, world: int, path: str, port: int) -> None:
         assert rec.written is not None
     finally:
         dist.destroy_process_group()
+
+
+def _rank0_worker(rank: int, world: int, path: str, port: int) -> None:
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        with Recorder(path, rank0_only=True):
+            capture("aux.0", torch.full((2, 4), 7.0))  # replicated across the TP group: rank 0 holds it all
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_rank0_only_recording_is_one_complete_file(tmp_path):
+    """rank0_only under torch.distributed: one file named as the whole recording (never
+    rank0-of2, which compare would read as a set missing rank 1), saying it was rank 0's."""
+    import torch.multiprocessing as mp
+
+    from consistency.diagnose.pipeline import run
+
+    path = tmp_path / "serve.safetensors"
+    mp.spawn(_rank0_worker, args=(2, str(path), _free_port()), nprocs=2, join=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["serve.safetensors"]
+    with open_dump(path) as d:
+        assert d.metadata.extra.get("rank0_only") is True and (d.metadata.rank, d.metadata.world_size) == (0, 2)
+    ref = write_dump(tmp_path / "train.safetensors", {"aux.0": np.full((2, 4), 7.0, np.float32)})
+    assert run(str(ref), str(path)).verdict == "pass"
 
 
 def _free_port() -> int:

@@ -50,6 +50,8 @@ def _one_line(r: subprocess.CompletedProcess, install: str) -> None:
     assert r.returncode == 2, r.stderr
     assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr and "ModuleNotFoundError" not in r.stderr, r.stderr
     assert r.stderr.startswith("consistency: error: ") and f"install it with: pip install '{install}'" in r.stderr
+    torch_extra = install.endswith(("[hf]", "[torch]"))  # an extra that pulls torch says how to get the CPU wheel
+    assert ("pip install torch --index-url https://download.pytorch.org/whl/cpu" in r.stderr) == torch_extra, r.stderr
 
 
 @pytest.mark.parametrize("args", [
@@ -60,14 +62,14 @@ def _one_line(r: subprocess.CompletedProcess, install: str) -> None:
 def test_commands_that_run_a_model_name_the_hf_extra(tmp_path: Path, dumps: tuple[Path, Path], args: list[str]) -> None:
     a, b = dumps
     r = _run(HF, *[x.format(tmp=tmp_path, a=a, b=b) for x in args], cwd=tmp_path)
-    _one_line(r, "consistency[hf]")
+    _one_line(r, "specdec-consistency[hf]")
     assert not list(tmp_path.iterdir())  # nothing written
 
 
 def test_compare_png_without_matplotlib_names_the_report_extra(tmp_path: Path, dumps: tuple[Path, Path]) -> None:
     a, b = dumps
     r = _run("matplotlib", "compare", str(a), str(b), "-q", "--png", str(tmp_path / "png"))
-    _one_line(r, "consistency[report]")
+    _one_line(r, "specdec-consistency[report]")
     assert not (tmp_path / "png").exists()
 
 
@@ -79,7 +81,7 @@ def test_a_specforge_file_without_torch_names_the_torch_extra(tmp_path: Path, du
     ck = tmp_path / "data_0.ckpt.gz"
     ck.write_bytes(gzip.compress(buf.getvalue()))
     r = _run(HF, "compare", str(dumps[0]), str(ck), "-q")
-    _one_line(r, "consistency[torch]")
+    _one_line(r, "specdec-consistency[torch]")
     assert str(ck) in r.stderr
 
 

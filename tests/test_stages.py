@@ -161,3 +161,16 @@ def test_judge_verdicts(cand, tol, status, holds):
     cmp = compare(ref, _dump({"aux.0": cand}), tol=ToleranceModel(floor_override=tol.get("threshold")))
     r = cmp.result("aux.0")
     assert (r.status.value, r.holds) == (status, holds)
+
+
+@pytest.mark.parametrize("ref_rows, cand_rows", [(T, T - 1), (T - 1, T)])
+def test_a_last_state_step0_pairs_by_position_whichever_side_holds_all_rows(ref_rows, cand_rows):
+    """SafeAILab-style data keeps all T rows of step 0, shift pairing drops the last one, a
+    serving step 0 holds T: with no token_index, row r is position r on both sides."""
+    from consistency.compare.engine import compare
+
+    ref = _dump(_full(**{"aux.0": FNORM[:ref_rows]}), consumer="mtp")
+    cand = _dump({"aux.0": FNORM[:cand_rows]})
+    r = compare(ref, cand).result("aux.0")
+    assert r.status.value == "ok" and r.rows is not None and r.rows.compared == min(ref_rows, cand_rows)
+    assert r.holds == "final_norm"

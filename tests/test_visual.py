@@ -19,7 +19,7 @@ from consistency.contract.findings import CompareReport, SimilarityMatrix
 from consistency.errors import ConsistencyError, OutputExistsError
 from consistency.record.api import record_reference, record_serving
 from consistency.report import heatmap, html_page, visual
-from tests.conftest import prompt_ids, run_cli, tiny
+from tests.conftest import ROOT, prompt_ids, run_cli, tiny
 
 TRAIN, SERVE = [0, 3, 7], [3, 7, 10]  # the seed, scaled to tiny-llama (consistency demo)
 
@@ -131,12 +131,14 @@ def test_html_is_self_contained_and_links_codes_to_docs(seed, tmp_path, monkeypa
     assert rep.summary.split(" -- ")[0] in text
 
 
-def test_docs_link_defaults(seed, monkeypatch):
+def test_docs_link_defaults(seed, monkeypatch, tmp_path):
     rep, _, _ = seed
     monkeypatch.delenv(html_page.DOCS_ENV, raising=False)
-    base = html_page.docs_base()
-    local = Path(html_page.__file__).resolve().parents[2] / "docs" / "findings.md"
-    assert base == (local.parent.as_uri() + "/" if local.is_file() else "docs/")
+    base = html_page.docs_base()  # readable by whoever the page is sent to: not file://, not relative
+    assert base == "https://github.com/consistency-dev/consistency/blob/main/docs/"
+    assert (ROOT / "docs" / "findings.md").is_file()  # what it points at, in the repository
+    text = visual.write_html(rep, tmp_path / "r.html").read_text()
+    assert "file://" not in text and f'href="{base}findings.md#slot-shift"' in text
     assert html_page.doc_href("docs/findings.md#slot-shift", "docs/") == "docs/findings.md#slot-shift"
     for bad in ('javascript:alert(1)', 'docs/x" onmouseover="y', "/etc/passwd", None):
         assert html_page.doc_href(bad, "docs/") is None
@@ -278,7 +280,7 @@ def test_png_without_matplotlib_is_one_line_usage_error(seed, tmp_path):
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                        env={**os.environ, "NO_COLOR": "1"})
     assert r.returncode == 2, r.stderr
-    assert "pip install 'consistency[report]'" in r.stderr and r.stderr.count("\n") == 1
+    assert "pip install 'specdec-consistency[report]'" in r.stderr and r.stderr.count("\n") == 1
     assert not (tmp_path / "p").exists()
 
 

@@ -6,8 +6,10 @@ match) in each outlined row, and checks the bright cell sits one column right of
 outline in the focus view, and under the next row's outline in the all-streams view.
 The screenshot, the page and the PNGs are kept in tests/artifacts/ for a human to open.
 
-Needs Debian's ``chromium`` package (``apt-get install -y chromium``); without it the
-browser test is skipped, unless CONSISTENCY_REQUIRE_BROWSER=1 (CI) makes that a failure.
+Needs Debian's ``chromium`` package (``apt-get install -y chromium``), which scripts/test
+(the README's test command, which CI runs) installs when it can and then requires
+(CONSISTENCY_REQUIRE_BROWSER=1): its absence is a failure there, a skip under a bare
+``pytest``, and CONSISTENCY_SKIP_BROWSER=1 skips it on a machine that cannot have one.
 """
 
 from __future__ import annotations
@@ -35,7 +37,8 @@ def chromium() -> str:
         (p for p in (shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome")) if p), None)
     if exe:
         return exe
-    msg = "headless Chromium not found: apt-get install -y chromium (Debian) or set CONSISTENCY_CHROMIUM"
+    msg = ("headless Chromium not found: apt-get install -y chromium (Debian; scripts/test does it as root), set "
+           "CONSISTENCY_CHROMIUM=/path/to/chrome, or CONSISTENCY_SKIP_BROWSER=1 to skip this test")
     if os.environ.get("CONSISTENCY_REQUIRE_BROWSER"):
         pytest.fail(msg)
     pytest.skip(msg)
@@ -46,8 +49,8 @@ def pil():  # noqa: ANN201
         from PIL import Image
     except ImportError:
         if os.environ.get("CONSISTENCY_REQUIRE_BROWSER"):
-            pytest.fail("Pillow is needed to read the screenshot: pip install 'consistency[report]'")
-        pytest.skip("Pillow is needed to read the screenshot (pip install 'consistency[report]')")
+            pytest.fail("Pillow is needed to read the screenshot: pip install 'specdec-consistency[report]'")
+        pytest.skip("Pillow is needed to read the screenshot (pip install 'specdec-consistency[report]')")
     return Image
 
 

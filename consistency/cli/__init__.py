@@ -82,6 +82,9 @@ def run(argv: list[str] | None = None) -> None:
     _no_pydantic_plugin_scan()
 
     try:
+        from consistency.contract.bounds import check_bound_overrides
+
+        check_bound_overrides()
         main.main(args=argv, prog_name="consistency", standalone_mode=False)
     except click.exceptions.Exit as e:
         sys.exit(e.exit_code)
@@ -92,7 +95,7 @@ def run(argv: list[str] | None = None) -> None:
         e.show()
         sys.exit(2)
     except ConsistencyError as e:
-        from consistency.report.escape import term  # file names and values: one inert line
+        from consistency.escape import term  # file names and values: one inert line
 
         click.echo(f"consistency: error: {term(e)}", err=True)
         sys.exit(e.exit_code)
@@ -110,8 +113,10 @@ def run(argv: list[str] | None = None) -> None:
             click.echo(f"consistency: error: {dep}", err=True)  # our text only
             sys.exit(dep.exit_code)
         args = " ".join(a for a in (argv if argv is not None else sys.argv[1:]) if not a.startswith("-"))
+        args = args if len(args) <= 200 else args[:200] + "..."
         msg = " ".join(f"{type(e).__name__}: {e}".split())
-        from consistency.report.escape import term
+        msg = msg if len(msg) <= 400 else msg[:400] + "..."
+        from consistency.escape import term
 
         click.echo(f"consistency: error: {term(args)}: {term(msg)} (set CONSISTENCY_DEBUG=1 for a traceback)", err=True)
         sys.exit(2)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import sys
 import click
 
-from consistency.errors import UsageError
-from consistency.report.escape import term
+from consistency.errors import UsageError, install_line
+from consistency.escape import json_log, term
 
 
 @click.command("compare")
@@ -47,7 +47,7 @@ def compare(reference: str, candidate: str, contract: str | None, json_out: str 
         try:
             from consistency.report.visual import require_png
         except ImportError as exc:
-            raise UsageError(f"--png needs the report extra: pip install 'consistency[report]' ({exc})") from None
+            raise UsageError(f"--png needs the report extra: {install_line('report')} ({exc})") from None
         require_png()
     from consistency.compare.request import CompareRequest
     from consistency.diagnose.pipeline import run_request
@@ -63,13 +63,11 @@ def compare(reference: str, candidate: str, contract: str | None, json_out: str 
                                progress=progress)
     rep = run_request(req)
     if json_out == "-":
-        sys.stdout.write(rep.model_dump_json(indent=2) + "\n")
+        sys.stdout.write(json_log(rep.model_dump_json(indent=2)) + "\n")
     elif json_out:
         from consistency.dump.atomic import write_text_atomic
 
         write_text_atomic(json_out, rep.model_dump_json(indent=2) + "\n", force=force)
-    if html_out or png_dir:
-        write_visual(rep, html_out, png_dir, force)
     if quiet or json_out == "-":  # one line; no rich import on the CI path
         word = click.style(rep.verdict.upper(), fg="green" if rep.verdict == "pass" else "red", bold=True)
         click.echo(f"{word}  {term(rep.summary)}", err=json_out == "-")
@@ -77,15 +75,17 @@ def compare(reference: str, candidate: str, contract: str | None, json_out: str 
         from consistency.report.text import console, render
 
         render(rep, console(), show_ok=show_ok)
+    if html_out or png_dir:  # after the verdict is shown: a report that cannot be written never hides it
+        write_visual(rep, html_out, png_dir, force)
     sys.exit(0 if rep.verdict == "pass" else 1)
 
 
 def write_visual(rep, html_out: str | None, png_dir: str | None, force: bool) -> None:  # noqa: ANN001
-    """HTML and PNG reports (optional extra: consistency[report])."""
+    """HTML and PNG reports (optional extra: the distribution's ``[report]``)."""
     try:
         from consistency.report import visual
     except ImportError as exc:
-        raise UsageError(f"--html/--png need the report extra: pip install 'consistency[report]' ({exc})") from None
+        raise UsageError(f"--html/--png need the report extra: {install_line('report')} ({exc})") from None
     from pathlib import Path
 
     import click as _click

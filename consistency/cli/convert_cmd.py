@@ -24,9 +24,9 @@ def convert_file(src: str | Path, out: str | Path, layer_ids: list[int] | None =
     from consistency.dump.atomic import check_writable
     from consistency.dump.formats.base import ScaledView
     from consistency.dump.sets import open_side
-    from consistency.dump.writer import write_dump
+    from consistency.dump.writer import check_dump_name, write_dump
 
-    src_p, out_p = Path(src), Path(out)
+    src_p, out_p = Path(src), check_dump_name(out)
     check_writable(out_p, force)
     if src_p.exists() and out_p.exists() and src_p.resolve() == out_p.resolve():
         raise UsageError(f"{out_p}: the output would overwrite the input")
@@ -74,7 +74,7 @@ def convert(source: str, output: str, layer_ids: str | None, convention: str | N
     from consistency.diagnose.pipeline import parse_ids
 
     out, notes = convert_file(source, output, parse_ids(layer_ids), convention, force)
-    from consistency.report.escape import term
+    from consistency.escape import term
 
     for n in notes:
         click.echo(f"note: {term(n, multiline=True)}", err=True)

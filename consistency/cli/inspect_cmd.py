@@ -23,7 +23,7 @@ def inspect(dump: str, as_json: bool, layer_ids: str | None, convention: str | N
 
     from consistency.dump import names
     from consistency.dump.sets import open_side
-    from consistency.report.escape import term
+    from consistency.escape import term
     from consistency.report.text import console
 
     from consistency.contract.ids import parse_ids
@@ -32,7 +32,10 @@ def inspect(dump: str, as_json: bool, layer_ids: str | None, convention: str | N
         tensors = [{"name": n, "dtype": d[n].dtype, "shape": list(d[n].shape)} for n in d.names]
         meta = json.loads(d.metadata.model_dump_json(exclude_none=True)) if d.metadata else None
         if as_json:
-            click.echo(json.dumps({"path": dump, "format": d.format, "metadata": meta, "tensors": tensors}, indent=2))
+            from consistency.escape import json_log
+
+            click.echo(json_log(json.dumps({"path": dump, "format": d.format, "metadata": meta, "tensors": tensors},
+                                           indent=2)))
             return
         con = console()
         found = (d.metadata.extra.get("source_format") or {}) if d.metadata else {}

@@ -58,7 +58,9 @@ def lint(draft: str | None, target: str | None, serve: str | None, runtime: str 
             from rich.console import Console
 
             render(rep, Console(file=buf, width=140, highlight=False, no_color=True), quiet, not no_info)
-            write_text_atomic(output, buf.getvalue(), force=force)
+            from consistency.dump.atomic import TEXT_TRAILER
+
+            write_text_atomic(output, buf.getvalue() + TEXT_TRAILER.format(kind="lint") + "\n", force=force)
         else:
             render(rep, console(), quiet, not no_info)
     else:
@@ -73,5 +75,7 @@ def lint(draft: str | None, target: str | None, serve: str | None, runtime: str 
         if output:
             write_text_atomic(output, text + "\n", force=force)
         else:
-            sys.stdout.write(text + "\n")
+            from consistency.escape import json_log
+
+            sys.stdout.write(json_log(text) + "\n")
     sys.exit(0 if rep.verdict == "pass" else 1)

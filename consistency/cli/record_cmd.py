@@ -116,16 +116,23 @@ def tokenize_prompt(model: object, spec: str, prompt: str, gguf_file: str | None
         note = f"{spec} is a built-in model without a tokenizer: the prompt is recorded as UTF-8 bytes"
         return tokenize(model, spec, prompt), note
     p = Path(spec)
+    from consistency.dump.hf_dirs import SAFE_KW, check_own_classes, check_tokenizer_size, declared_code, load_error
+
+    if p.is_dir() and not gguf_file:
+        check_tokenizer_size(p)
+        check_own_classes(p, "tokenizer")
     try:
         from transformers import AutoTokenizer
 
         kw = {"gguf_file": gguf_file} if gguf_file else {}
-        tok = AutoTokenizer.from_pretrained(str(p), local_files_only=True, **kw)
+        tok = AutoTokenizer.from_pretrained(str(p), **SAFE_KW, **kw)  # never the directory's own code
         ids = np.asarray(tok(prompt)["input_ids"], dtype=np.int64).reshape(-1)
     except ImportError as exc:
         raise InputError(p, f"cannot load its tokenizer: {exc} (pip install gguf for --gguf-file), or pass "
                             "--input-ids") from None
     except Exception as exc:  # noqa: BLE001 - transformers raises OSError, ValueError, TypeError, KeyError, ...
+        if p.is_dir() and declared_code(p):
+            raise load_error(p, exc, "tokenizer") from None
         first = (str(exc).splitlines() or [type(exc).__name__])[0][:200]
         raise InputError(p, f"cannot load its tokenizer{' from ' + gguf_file if gguf_file else ''} ({first}); "
                             "pass --input-ids instead") from None
@@ -160,8 +167,9 @@ def record(model_spec: str, gguf_file: str | None, prompt: str | None, ids_file:
     """Record a dump: training style (all streams, deltas, final norm, aux slots) or
     serving style (aux slots as a fused-residual runtime builds them)."""
     from consistency.dump.atomic import check_writable
+    from consistency.dump.writer import check_dump_name
 
-    check_writable(output, force)
+    check_writable(check_dump_name(output), force)
     if (prompt is None) == (ids_file is None):
         raise UsageError("give exactly one of --prompt and --input-ids")
     if dtype not in ("float32", "bfloat16", "float16", "float64"):
@@ -169,15 +177,18 @@ def record(model_spec: str, gguf_file: str | None, prompt: str | None, ids_file:
     ids = read_input_ids(ids_file) if ids_file else None
     status = _status(f"loading {model_spec}")
     try:
-        from consistency.record.api import record_reference, record_serving, resolve_streams
-        from consistency.record.models import builtin_names, load_model
+        from consistency.record.api import out_of_vocab, record_reference, record_serving, resolve_streams
+        from consistency.record.models import check_model_spec, load_model
 
         note = None
-        if ids is None and model_spec not in builtin_names():  # a tokenizer problem stops before the model loads
+        local = check_model_spec(model_spec)  # a typo is named before a tokenizer is looked for
+        if ids is None and local is not None:  # a tokenizer problem stops before the model loads
             ids, note = tokenize_prompt(None, model_spec, prompt or "", gguf_file)
         model = load_model(model_spec, dtype=dtype, seed=seed, gguf_file=gguf_file)
         if ids is None:
             ids, note = tokenize_prompt(model, model_spec, prompt or "", gguf_file)
+        elif problem := out_of_vocab(ids, model, f"--model {model_spec}"):
+            raise InputError(ids_file, problem)
         if note:
             click.echo(f"note: {_term(note)}", err=True)
         native = parse_ids(aux_layers)
@@ -195,7 +206,7 @@ def record(model_spec: str, gguf_file: str | None, prompt: str | None, ids_file:
             status.stop()
     if assumed:
         click.echo(f"note: {_term(assumed)}", err=True)
-    from consistency.report.escape import term  # the path is the user's, maybe someone else's
+    from consistency.escape import term  # the path is the user's, maybe someone else's
 
     click.echo(f"wrote {term(out)}" + (f" (aux streams {streams})" if streams is not None else ""))
     sys.exit(0)
@@ -217,6 +228,6 @@ def _update(status, text: str) -> None:  # noqa: ANN001
 
 
 def _term(s: object) -> str:
-    from consistency.report.escape import term
+    from consistency.escape import term
 
     return term(s, multiline=True)

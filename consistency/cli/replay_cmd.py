@@ -32,8 +32,9 @@ def parse_sets(values: tuple[str, ...]) -> dict[str, bool]:
                    "does not carry and the next-token labels when a dump has no logits.")
 @click.option("--steps", "-k", type=int, help="Chained draft steps per verification (default: the draft's "
               "speculative_tokens, else 3); SGLang's --speculative-num-steps.")
-@click.option("--max-drop", type=float, default=5.0, show_default=True, metavar="POINTS",
-              help="Fail (exit 1) when top-1 accuracy or acceptance rate falls by more than this many points.")
+@click.option("--max-drop-points", "--max-drop", "max_drop", type=float, default=5.0, show_default=True,
+              metavar="POINTS", help="Fail (exit 1) when top-1 accuracy or acceptance rate falls by more than this "
+              "many points (the gate's max_drop_points; --max-drop is the same option).")
 @click.option("--min-acceptance", type=float, metavar="FRACTION",
               help="Also fail when the candidate's predicted acceptance rate is below this (0..1).")
 @click.option("--feed", type=click.Choice(["auto", "own", "teacher"]), default="auto", show_default=True,
@@ -59,7 +60,7 @@ def replay(reference: str, candidate: str, draft: str, target: str | None, steps
     CANDIDATE (what the server feeds it), score both against the target's own next tokens
     and report the predicted acceptance side by side.
 
-    Exit code 0 when the candidate is within --max-drop points of the reference (and above
+    Exit code 0 when the candidate is within --max-drop-points of the reference (and above
     --min-acceptance), 1 when it is not, 2 for bad usage or unreadable input, and for inputs
     that do not belong together: a --target the dumps were not recorded on, REFERENCE and
     CANDIDATE swapped, dumps of different tokens.
@@ -71,7 +72,7 @@ def replay(reference: str, candidate: str, draft: str, target: str | None, steps
     from consistency.replay.api import check_inputs
 
     if not max_drop >= 0 or math.isinf(max_drop):
-        raise UsageError(f"--max-drop must be a finite number >= 0, got {max_drop}")
+        raise UsageError(f"--max-drop-points must be a finite number >= 0, got {max_drop}")
     if min_acceptance is not None and not 0.0 <= min_acceptance <= 1.0:
         raise UsageError(f"--min-acceptance is a fraction between 0 and 1, got {min_acceptance}")
     if steps is not None and not 1 <= steps <= 64:
@@ -89,7 +90,9 @@ def replay(reference: str, candidate: str, draft: str, target: str | None, steps
                      min_acceptance, ids, convention, method)
     text = rep.model_dump_json(indent=2)
     if json_out == "-":
-        sys.stdout.write(text + "\n")
+        from consistency.escape import json_log
+
+        sys.stdout.write(json_log(text) + "\n")
         render(rep, console(sys.stderr), quiet=True)
     else:
         if json_out:

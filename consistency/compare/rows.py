@@ -117,8 +117,11 @@ def pair(dumps: Pair[Dump], plan: Plan) -> tuple[dict[str, Rows], list[TensorVie
 def _pair_one(ref: Dump, cand: Dump, name: str, cv: TensorView, rv: TensorView, post_norm: bool,
               notes: list[Note]) -> Rows:
     ca, ra = anchors(cand, cv, notes, "candidate"), anchors(ref, rv, notes, "reference")
-    step0 = ca is None and ra is None and post_norm and cv.cols == rv.cols and 0 < cv.rows < rv.rows \
-        and names.parse(rv.name).kind in (names.HIDDEN, names.FINAL_NORM)
+    # a last-state draft's step 0 without anchors: row r is position r on both sides, whichever
+    # holds more rows (SafeAILab-style data keeps all T; shift pairing drops the last; a serving
+    # step 0 has T, the last drafted from the sampled token)
+    step0 = ca is None and ra is None and post_norm and cv.cols == rv.cols and cv.rows != rv.rows \
+        and min(cv.rows, rv.rows) > 0 and names.parse(rv.name).kind in (names.HIDDEN, names.FINAL_NORM, names.AUX)
     if ca is None and ra is None and not step0:
         return Rows(cv, rv)
     if max(cv.nbytes, rv.nbytes) > MAX_BYTES:

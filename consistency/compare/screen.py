@@ -50,7 +50,9 @@ def identify_all(ctx: Context, rows: dict[str, Rows]) -> dict[str, identify.Iden
             if full_left > 0:
                 full_left -= 1
             else:
-                pool = pools.setdefault(key(cv), _Pools(rfp)).near(rv.name if rv is not None else e.name)
+                if key(cv) not in pools:  # built once per shape: a sorted name list of every reference
+                    pools[key(cv)] = _Pools(rfp)
+                pool = pools[key(cv)].near(rv.name if rv is not None else e.name)
         ident = identify.rank(cv.name, cfp, rfp, pool, same)
         if expected_in:
             assert rv is not None

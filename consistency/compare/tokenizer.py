@@ -1,7 +1,8 @@
 """Decode unaligned token spans for the report: a tokenizer from a local dir or a .gguf.
 
-Optional (``--tokenizer``): without it spans are shown as ids. Never downloads. The
-decoded text comes from a file and is untrusted: every renderer escapes it.
+Optional (``--tokenizer``): without it spans are shown as ids. Never downloads, never runs
+code from the directory, bounded in size (dump/hf_dirs.py). The decoded text comes from a
+file and is untrusted: every renderer escapes it.
 """
 
 from __future__ import annotations
@@ -20,13 +21,18 @@ def load_tokenizer(spec: str) -> Any:
         from transformers import AutoTokenizer
     except ImportError:  # pragma: no cover
         raise InputError(p, "--tokenizer needs the transformers package") from None
-    try:
+    from consistency.dump.hf_dirs import SAFE_KW, check_own_classes, check_tokenizer_size, load_error
+
+    if p.is_dir():
+        check_tokenizer_size(p)
+        check_own_classes(p, "tokenizer")
+    try:  # never runs code from the directory, never asks on stdin (dump/hf_dirs.py)
         if p.is_file() and p.suffix == ".gguf":
-            return AutoTokenizer.from_pretrained(str(p.parent), gguf_file=p.name, local_files_only=True)
+            return AutoTokenizer.from_pretrained(str(p.parent), gguf_file=p.name, **SAFE_KW)
         if p.is_dir():
-            return AutoTokenizer.from_pretrained(str(p), local_files_only=True)
+            return AutoTokenizer.from_pretrained(str(p), **SAFE_KW)
     except Exception as exc:  # noqa: BLE001 - any loader failure is one line about this file
-        raise InputError(p, f"cannot load a tokenizer: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}") from None
+        raise load_error(p if p.is_dir() else p.parent, exc, "tokenizer") from None
     raise InputError(p, "--tokenizer must be a local tokenizer directory or a .gguf file")
 
 

@@ -72,6 +72,12 @@ CODES: dict[str, CodeSpec] = {c.code: c for c in (
     Code("TOKEN_SHIFT", _E, "the slot matches the expected tensor shifted along the sequence",
          "align positions: check BOS handling, chat template and the off-by-one between hidden states and targets",
          "SpecForge issue #296"),
+    Code("STALE_ROWS", _E, "some token rows hold the reference's previous row (a step earlier) while the rest agree",
+         "refresh the buffer before every step: under CUDA graphs, copy each replay's inputs into the static "
+         "buffers and clone outputs the next replay overwrites; record graph-safe (CONSISTENCY_RECORD_GRAPHS=1) "
+         "and compare against an eager recording to see which graph and replay",
+         "SGLang PR #23037 and #35546 (outputs detached from graph buffers a later replay overwrites); "
+         "TensorRT-LLM PR #18207 (stale static input buffers)"),
     Code("PARTIAL_SHARD", _E, "a partial result of a parallel group: a tensor-parallel all-reduce or gather, or an "
          "expert-parallel MoE combine, is missing (the slot holds one rank's share of a block's output)",
          "capture after the all-reduce (or all-gather) of the tensor-parallel group and after the MoE combine: a "
@@ -130,6 +136,10 @@ CODES: dict[str, CodeSpec] = {c.code: c for c in (
     Code("IDENTIFICATION_AMBIGUOUS", _W, "the slot matches two reference streams almost equally",
          "record more tokens or a longer prompt; near-identical layers cannot be told apart"),
     # trust on inputs we did not write (issue 13)
+    Code("CAPTURES_DROPPED", _E, "the recorder says it did not record some captures: what they held was not compared",
+         "give the recorder room (max_host_bytes / ring_bytes; CONSISTENCY_RECORD_GRAPH_BYTES for CUDA-graph "
+         "buffers) or record fewer slots or tokens, then record again",
+         "issue 30: graph-buffer budget; consistency/record/async_capture.py bounded host memory"),
     Code("NOT_VERIFIED", _E, "the slot could not be checked: the reference does not record the stream it should hold",
          "record the reference with that stream (record --aux-layers, or every stream), or give a reference that has it"),
     Code("EXPECTATION_UNKNOWN", _E, "the slot holds a recorded stream, but nothing says which stream it should hold: "
@@ -223,7 +233,7 @@ _OWN_SOURCES = {
     "REPLICA_MISMATCH": "SGLang debug_utils comparator: replicated-dims check",
     "NOTHING_COMPARED": "issue 13: a comparison that checked nothing must not pass",
     "EMPTY": "docs/format.md: a tensor with no rows",
-    "METADATA_DIFF": "structured diff of the dumps' metadata, DeepDiff's tree (compare/metadiff.py; docs/format.md)",
+    "METADATA_DIFF": "structured diff of the dumps' metadata, DeepDiff's tree (diagnose/metadiff.py; docs/format.md)",
     "LAYOUT_ONLY": "seed story: the .clone() vs hidden_states + residual suspicion",
     "IDENTIFICATION_AMBIGUOUS": "docs/tolerance.md: confidence = runner-up distance / match distance",
     "NOT_VERIFIED": "issue 13: an expected stream the reference lacks is never OK",
@@ -273,6 +283,8 @@ _PROPERTIES: dict[str, dict[str, object]] = {
     "SIDES_SWAPPED": {"leads": True},
     "STAGE_MISSING": {"leads": True},
     "CONTRACT_CONFLICT": {"leads": True},
+    "CAPTURES_DROPPED": {"leads": True, "unchecked": True},
+    "STALE_ROWS": {"context_sensitive": True},
 }
 for _code, _props in _PROPERTIES.items():
     CODES[_code] = replace(CODES[_code], **_props)  # type: ignore[arg-type]

@@ -21,6 +21,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from consistency.contract.models import AuxContract
+from consistency.contract.bounds import env_limit
 from consistency.errors import InputError, UsageError
 
 MAX_CONTRACT_BYTES = 4 * 1024 * 1024
@@ -28,21 +29,6 @@ MAX_CONTRACT_BYTES = 4 * 1024 * 1024
 # would drive the reader's terminal (or a CI log viewer); no field of ours needs them.
 _CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
 INT_LIMIT = 2**63  # no count, id, size or offset in any of our formats needs more
-
-
-def env_limit(name: str, default: int) -> int:
-    """A bound, overridable as ``CONSISTENCY_<NAME>`` (bytes or a count); bad values are usage errors."""
-    key = f"CONSISTENCY_{name}"
-    raw = os.environ.get(key)
-    if raw is None or raw.strip() == "":
-        return default
-    try:
-        v = int(raw.strip().replace("_", ""))
-    except ValueError:
-        raise UsageError(f"{key}={raw!r} is not an integer") from None
-    if v < 1:
-        raise UsageError(f"{key}={raw!r} must be positive")
-    return v
 
 
 def max_json_depth() -> int:
@@ -226,6 +212,36 @@ def read_small_file(path: str | Path, limit: int, what: str = "file") -> bytes:
         raise InputError(p, f"cannot read: {exc.strerror or exc}") from None
     finally:
         os.close(fd)
+
+
+def read_config_json(path: str | Path, limit: int, what: str = "config") -> dict[str, Any]:
+    """A model or draft ``config.json``: bounded in size and in nesting, one line on failure.
+
+    Lenient where real configs are (NaN, duplicate keys: Python's own ``json``), strict
+    where a hostile file attacks: a FIFO or device, more than ``limit`` bytes, nesting past
+    :func:`max_json_depth` (a 5,000-deep file made ``json`` raise RecursionError).
+    """
+    p = Path(path)
+    raw = read_small_file(p, limit, f"{what} file")
+    try:
+        obj = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise InputError(p, f"not UTF-8 text (byte {exc.start})") from None
+    except RecursionError:
+        raise InputError(p, f"not a usable {what}: nested too deeply (limit {max_json_depth()} levels)") from None
+    except ValueError as exc:
+        raise InputError(p, f"not valid JSON: {' '.join(str(exc).split())[:200]}") from None
+    limit_depth = max_json_depth()
+    stack: list[tuple[Any, int]] = [(obj, 1)]
+    while stack:
+        x, d = stack.pop()
+        if isinstance(x, (dict, list)):
+            if d > limit_depth:
+                raise InputError(p, f"not a usable {what}: nested more than {limit_depth} levels deep")
+            stack.extend((v, d + 1) for v in (x.values() if isinstance(x, dict) else x))
+    if not isinstance(obj, dict):
+        raise InputError(p, f"a {what} must be a JSON object")
+    return obj
 
 
 def read_contract(path: str | Path) -> AuxContract:

@@ -66,6 +66,19 @@ class ShardSpec(Strict):
         return self
 
 
+class GraphTag(Strict):
+    """Where a capture recorded from a CUDA-graph replay came from (consistency/record/graphs.py)."""
+
+    label: str | None = Field(None, description="The graph: its runtime runner, e.g. 'sglang.CudaGraphRunner'")
+    batch_size: int | None = Field(None, description="The graph's (padded) batch size")
+    real_batch_size: int | None = Field(None, description="Requests really in the batch at this replay")
+    tokens: int | None = Field(None, description="The graph's (padded) token rows")
+    real_tokens: int | None = Field(None, description="Token rows really in the batch at this replay")
+    replay: int | None = Field(None, ge=1, description="Replay number of this graph, from 1")
+    rows: int | None = Field(None, description="Rows of the graph's buffer (padded)")
+    kept: int | None = Field(None, description="Rows kept after trimming the padding; None: not trimmed")
+
+
 class TensorMeta(Strict):
     dtype: str | None = Field(None, description="Original dtype (the file may store bf16 as uint16)")
     shape: list[int] | None = None
@@ -77,6 +90,7 @@ class TensorMeta(Strict):
     norm: NormState | None = None
     shard: ShardSpec | None = None
     token_index: list[int] | None = Field(None, description="Positions kept when only a subset was recorded")
+    graph: GraphTag | None = Field(None, description="Set when recorded from a CUDA-graph replay (graph-safe mode)")
 
 
 class AuxInfo(Strict):

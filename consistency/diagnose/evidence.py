@@ -33,6 +33,7 @@ class Evidence:
     def __init__(self, cmp: Comparison) -> None:
         self.cmp = cmp
         self._extra: dict[tuple[str, int], np.ndarray] = {}
+        self._before: dict[tuple[str, int], float | None] = {}
         self._n_layers: tuple[int | None] | None = None
 
     def key(self, r: Result) -> tuple[int, int]:
@@ -79,10 +80,12 @@ class Evidence:
         return self.ref(r, r.ref.name) if r.ref is not None else None
 
     def before(self, r: Result) -> float | None:
-        c, e = self.cand(r), self.expected(r)
-        if c is None or e is None:
-            return None
-        return token_distance(c, e)
+        """The sampled distance to the expected tensor, once per result (every hypothesis asks)."""
+        k = (r.name, id(r))
+        if k not in self._before:
+            c, e = self.cand(r), self.expected(r)
+            self._before[k] = None if c is None or e is None else token_distance(c, e)
+        return self._before[k]
 
     def input_ids(self, side: str = "cand") -> np.ndarray | None:
         d = self.cmp.cand if side == "cand" else self.cmp.ref

@@ -18,7 +18,7 @@ from consistency.compare.engine import Result
 from consistency.compare.identify import token_distance
 from consistency.compare.metrics import median
 from consistency.contract.findings import CODES
-from consistency.diagnose import draft_steps
+from consistency.diagnose import draft_steps, stale
 from consistency.diagnose.evidence import Evidence, Explanation, fit_scalar
 from consistency.diagnose.normfit import looks_normed, norm_fit
 from consistency.diagnose.shards import partial_shard
@@ -315,6 +315,7 @@ REGISTRY: tuple[Hypothesis, ...] = (
     Hypothesis("NORM_APPLIED", norm_applied),
     Hypothesis("NORM_MISSING", norm_missing),
     Hypothesis("TOKEN_SHIFT", token_shift),
+    Hypothesis("STALE_ROWS", stale.stale_rows),  # after TOKEN_SHIFT: a whole-sequence shift is that
     Hypothesis("PARTIAL_SHARD", partial_shard),
     Hypothesis("SCALE_MISMATCH", scale_mismatch),
     Hypothesis("CONCAT_ORDER", draft_steps.concat_order),  # draft_cat.k only (drafts beyond EAGLE-3)

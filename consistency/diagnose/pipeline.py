@@ -14,7 +14,7 @@ from consistency.contract.ids import parse_ids  # noqa: F401 - re-exported for t
 
 if TYPE_CHECKING:
     from consistency.compare.request import CompareRequest
-    from consistency.contract.findings import CompareReport
+    from consistency.contract.findings import CompareReport, Finding
 
 
 def load_contract(path: str | None) -> Any:
@@ -70,11 +70,12 @@ def run_request(req: CompareRequest) -> CompareReport:
 
             tokenizer = load_tokenizer(tokenizer)
         labels = (token_words.side_label(ref, "reference"), token_words.side_label(cand, "candidate"))
+        drops = dropped(ref, "reference") + dropped(cand, "candidate")  # before stitching: the recorders' own words
         ref, cand, alignment = prepare(ref, cand, tokenizer, same_context_only=True)
         cmp = compare(ref, cand, con, tol, progress=req.progress, declared=declared)
         tok = token_words.findings(alignment, labels[0], labels[1], tokenizer)
         findings, st = explain(cmp)
-        findings = token_words.reconcile(findings, alignment, tok)
+        findings = drops + token_words.reconcile(findings, alignment, tok)  # an incomplete recording leads
         return build(cmp, findings, st, alignment, notes)
 
 
@@ -134,3 +135,30 @@ def apply_ids(d: Any, common: list[int] | None, own: list[int] | None, conventio
     d.metadata = meta
     what = f"{d.path.name}: streams {streams} from {flag if own is not None else '--layer-ids'} {ids}"
     return [what + (f" (it recorded {list(recorded)})" if recorded else "")] + list(claims.notes)
+
+
+def dropped(d: Any, side: str) -> list[Finding]:
+    """CAPTURES_DROPPED when a dump's metadata says its recorder left captures out (a full
+    host ring, a graph-buffer budget, a host value inside a CUDA graph): those rows were not
+    compared, so the verdict can never pass on them. Read defensively (a hostile file)."""
+    from consistency.contract.findings import Finding
+
+    meta = getattr(d, "metadata", None)
+    extra = meta.extra if meta is not None and isinstance(meta.extra, dict) else {}
+    counts: dict[str, int] = {}
+    reasons: list[str] = []
+    flat = extra.get("dropped_captures")
+    graph = extra.get("cuda_graphs", {}).get("not_recorded") if isinstance(extra.get("cuda_graphs"), dict) else None
+    for source in ([flat] if isinstance(flat, dict) else []) + (list(graph.values()) if isinstance(graph, dict) else []):
+        for name, n in (source.items() if isinstance(source, dict) else ()):
+            if isinstance(n, int) and not isinstance(n, bool) and n > 0:
+                counts[str(name)[:80]] = max(counts.get(str(name)[:80], 0), n)
+    if isinstance(graph, dict):
+        reasons = [str(r)[:120] for r in list(graph)[:4]]
+    if not counts:
+        return []
+    shown = ", ".join(f"{k} x{v}" for k, v in sorted(counts.items())[:8]) + (", ..." if len(counts) > 8 else "")
+    why = f" ({'; '.join(reasons)})" if reasons else ""
+    return [Finding.make("CAPTURES_DROPPED", f"the {side}'s recorder did not record {sum(counts.values())} "
+                         f"capture(s){why}: {shown}; what they held was not compared",
+                         metrics={"dropped": dict(sorted(counts.items())[:64]), "side": side})]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from consistency import __version__
-from consistency.compare import metadiff
+from consistency.diagnose import metadiff
 from consistency.compare.engine import Comparison
 from consistency.contract.findings import (CompareReport, DumpSummary, Finding, Severity, SimilarityMatrix, SlotReport,
                                            verdict_of)

@@ -13,7 +13,7 @@ import math
 from consistency.compare.engine import DRIFT_TOKEN_CAP, Comparison, Result, Status
 from consistency.compare.tolerance import AMBIGUOUS_RATIO, DRIFT_ERROR_FACTOR
 from consistency.contract.findings import Finding, Severity
-from consistency.diagnose import causes, draft_steps, hypotheses, partial, words
+from consistency.diagnose import causes, draft_steps, hypotheses, partial, stale, words
 from consistency.diagnose.evidence import Evidence, Explanation
 from consistency.dump import names
 
@@ -93,6 +93,10 @@ def finding(ev: Evidence, r: Result) -> tuple[list[Finding], int | None]:
     zero = causes.zeroed(ev, r, label, base, metrics)
     if zero is not None:
         return [zero], None
+    if r.status == Status.bad_tokens and (x := stale.bad_rows_stale(ev, r)) is not None:  # the named rows are stale
+        return [Finding.make(x.code, f"{label} {x.message}", identified_as=cmp.canonical(x.identified_as),
+                             metrics=metrics, evidence={"before": _g(x.before), "after": _g(x.after), **x.detail},
+                             **base)], r.expected_stream
     if r.status == Status.bad_tokens:
         return [causes.bad_tokens(ev, r, label, base, metrics)], r.expected_stream
     return _explain(ev, r, label, base, metrics)

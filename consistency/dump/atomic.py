@@ -53,31 +53,44 @@ def check_writable(path: str | Path, force: bool) -> Path:
     return p
 
 
-_REPORT_HEADS: tuple[tuple[bytes, re.Pattern[bytes]], ...] = (
-    (b"{", re.compile(rb'^\{\s*"tool"\s*:\s*"consistency"')),  # compare, lint, replay, gate JSON
-    (b"{", re.compile(rb'"\$schema"\s*:\s*"[^"]*sarif[^"]*".*?"driver"\s*:\s*\{\s*"name"\s*:\s*"consistency"', re.S)),
-    (b"<?xml", re.compile(rb'<testsuites name="consistency"')),  # gate JUnit
-    (b"<!DOCTYPE html>", re.compile(rb'<meta name="generator" content="consistency[ "]')),  # compare --html
-    (b"\x89PNG\r\n\x1a\n", re.compile(rb"tEXtSoftware\x00consistency")),  # compare --png
-    (b"consistency ", re.compile(rb"^consistency (lint|compare|replay) ")),  # lint --output text
+# (first bytes, a pattern over the first 8 KiB, a pattern over the last 512 bytes or None).
+# Text formats carry a trailer line that only our writers put there: a hand-written note
+# that happens to start with "consistency compare " is not taken for an old report.
+TEXT_TRAILER = "consistency-report: {kind} text"
+MD_TRAILER = "<!-- consistency-report: gate summary -->"
+_REPORT_HEADS: tuple[tuple[bytes, re.Pattern[bytes], re.Pattern[bytes] | None], ...] = (
+    (b"{", re.compile(rb'^\{\s*"tool"\s*:\s*"consistency"'), None),  # compare, lint, replay, gate JSON
+    (b"{", re.compile(rb'"\$schema"\s*:\s*"[^"]*sarif[^"]*".*?"driver"\s*:\s*\{\s*"name"\s*:\s*"consistency"', re.S),
+     None),
+    (b"<?xml", re.compile(rb'<testsuites name="consistency"'), None),  # gate JUnit
+    (b"<!DOCTYPE html>", re.compile(rb'<meta name="generator" content="consistency[ "]'), None),  # compare --html
+    (b"\x89PNG\r\n\x1a\n", re.compile(rb"tEXtSoftware\x00consistency"), None),  # compare --png
+    (b"consistency ", re.compile(rb"^consistency (lint|compare|replay) "),  # lint --output text
+     re.compile(rb"\nconsistency-report: (lint|compare|replay) text\n?$")),
+    (b"## consistency gate: ", re.compile(rb"^## consistency gate: "),  # gate --summary
+     re.compile(re.escape(MD_TRAILER.encode()) + rb"\n?$")),
 )
 
 
 def is_report(path: str | Path) -> bool:
     """True when ``path`` is a regular file holding a report consistency wrote (JSON, SARIF,
-    JUnit XML, HTML, PNG, text), judged from its first 8 KiB. A dump never matches: it
-    starts with a binary length (safetensors) or ``PK`` (npz)."""
+    JUnit XML, HTML, PNG, text, Markdown), judged from its first 8 KiB (and, for the text
+    formats, the trailer line in its last bytes). A dump never matches: it starts with a
+    binary length (safetensors) or ``PK`` (npz)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
         try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
                 return False
             head = os.read(fd, 8192)
+            tail = os.pread(fd, 512, max(0, st.st_size - 512))
         finally:
             os.close(fd)
     except OSError:
         return False
-    return any(head.startswith(magic) and pat.search(head) for magic, pat in _REPORT_HEADS)
+    return any(head.startswith(magic) and pat.search(head) and (end is None or end.search(tail))
+               for magic, pat, end in _REPORT_HEADS)
 
 
 def _tag() -> str:

@@ -89,14 +89,30 @@ def _int(v: object) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
+def _describe(head: bytes) -> str:
+    """What the first bytes of a file that is not a dump look like, shown, never as a number."""
+    for magic, kind in ((b"\x1f\x8b", "gzip"), (b"PK\x03\x04", "zip"), (b"\x80", "pickle"), (b"%PDF", "PDF"),
+                        (b"\x89PNG", "PNG"), (b"\x7fELF", "ELF")):
+        if head.startswith(magic):
+            return f"{kind} data"
+    text = head.decode("utf-8", "replace")
+    if all(c.isprintable() or c in "\t\r\n" for c in text):
+        return f"text {text[:16]!r}"
+    return "bytes " + head[:8].hex(" ")
+
+
 def parse_header(path: Path, fd: int) -> Header:
     size = os.fstat(fd).st_size
     if size < 8:
         raise InputError(path, f"truncated: {size} bytes, shorter than the 8-byte header length")
-    (n,) = struct.unpack("<Q", os.pread(fd, 8, 0))
+    head = os.pread(fd, 16, 0)
+    (n,) = struct.unpack("<Q", head[:8])
     if n == 0:
         raise InputError(path, "corrupt safetensors header: length 0")
     limit = env_limit("MAX_HEADER_BYTES", MAX_HEADER_BYTES)
+    if (n > limit or 8 + n > size) and head[8:9] != b"{":  # a length no header has, and no JSON after it
+        raise InputError(path, f"not a safetensors file: it starts with {_describe(head)}, not an 8-byte header "
+                               "length and '{'")
     if n > limit:
         raise InputError(path, f"corrupt or hostile safetensors header: claims {n} bytes (limit {limit}, "
                          "CONSISTENCY_MAX_HEADER_BYTES)")

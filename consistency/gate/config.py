@@ -4,8 +4,12 @@ Unknown keys are errors, not ignored: a typo such as ``trained-with`` for
 ``trained_with`` would otherwise silently drop the check it was meant to configure.
 Paths are relative to the config file's directory, so the gate runs the same from any
 working directory. A config travels with the repository under test, so it is treated as
-someone else's file: the outputs it names stay inside its directory tree, it cannot ask
-for ``force`` (only the command line can), and a value of the wrong type is an error.
+someone else's file: the outputs it names stay inside its directory tree and out of
+``.git/`` and every dot-directory (after symlinks are resolved), it cannot ask for
+``force`` (only the command line can), it cannot turn off what GitHub Actions shows (the
+CLI decides that), and a value of the wrong type is an error. A check may say
+``optional = true``: it is then *skipped* where its dependencies are missing instead of
+failing the gate as an error.
 """
 
 from __future__ import annotations
@@ -18,9 +22,9 @@ from typing import Any
 
 from consistency.errors import InputError, UsageError
 
-LINT_KEYS = {"name", "draft", "target", "serve", "runtime", "trained_with", "select", "ignore", "fail_on"}
+LINT_KEYS = {"name", "draft", "target", "serve", "runtime", "trained_with", "select", "ignore", "fail_on", "optional"}
 COMPARE_KEYS = {"name", "reference", "candidate", "contract", "rtol", "atol", "threshold", "tolerance", "layer_ids",
-                "convention"}
+                "convention", "optional"}
 GATE_KEYS = {"fail_on", "json", "junit", "sarif", "summary", "annotations", "force"}
 OUTPUT_KEYS = ("json", "junit", "sarif", "summary")
 PATH_KEYS = {"draft", "target", "reference", "candidate", "contract", "trained_with", "dump", "train", "serve_dump"}
@@ -35,7 +39,7 @@ TYPES: dict[str, str] = {
     "rtol": "num", "atol": "num", "threshold": "num", "tolerance": "tolerance", "layer_ids": "ids",
     "convention": "str", "json": "str", "junit": "str", "sarif": "str", "summary": "str", "annotations": "bool",
     "steps": "int", "max_drop_points": "num", "max_drop": "num", "min_acceptance": "num", "feed": "str",
-    "labels": "str",
+    "labels": "str", "optional": "bool",
 }
 _TYPE_WORDS = {"str": "a string", "num": "a number", "int": "an integer", "bool": "true or false",
                "strs": "a string or a list of strings", "ids": "a list of integers or a \"0,3,31\" string",
@@ -79,12 +83,31 @@ def _output(p: Path, base: Path, key: str, value: str) -> str:
     """
     if value == "-" and key == "json":
         return value
+    if not value or not value.isprintable():
+        raise InputError(p, f"[gate] {key} = {value!r}: not a usable file name (empty or with control characters)")
     target = (base / value).resolve()
     root = base.resolve()
-    if target != root and root not in target.parents:
+    if target == root or root not in target.parents:
         raise InputError(p, f"[gate] {key} = {value!r} points outside the config's directory {root}; outputs a "
                             f"config names stay inside it (pass --{key} on the command line to write elsewhere)")
+    anchors = [root] + [w for w in _workspace() if w in target.parents]  # a config in .github/ writes no workflow
+    hidden = next((part for a in anchors for part in target.relative_to(a).parts if part.startswith(".")), None)
+    if hidden is not None:  # .git/config, .venv/bin/activate, .pre-commit hooks: never ours to write
+        raise InputError(p, f"[gate] {key} = {value!r} lands in {hidden!r}: outputs a config names never go into "
+                            ".git/, a dot-directory or a dotfile (pass --{key} on the command line to write there)")
     return str(base / value)
+
+
+def _workspace() -> list[Path]:
+    """The checkout a CI job runs in (``GITHUB_WORKSPACE``): dot-directories are judged from
+    there too, so a config under ``.github/`` cannot write ``.github/workflows/...``."""
+    import os
+
+    w = os.environ.get("GITHUB_WORKSPACE")
+    try:
+        return [Path(w).resolve()] if w else []
+    except OSError:
+        return []
 
 
 @dataclass
@@ -119,12 +142,19 @@ def _toml(path: Path) -> dict[str, Any]:
         raise InputError(path, f"not valid TOML: {exc}") from None
 
 
+def _exists(p: Path) -> bool:
+    try:
+        return p.exists()
+    except OSError:  # ENAMETOOLONG, ELOOP: not a file we could read either
+        return False
+
+
 def _resolve(base: Path, key: str, value: Any, builtins: frozenset[str]) -> Any:
     if key not in PATH_KEYS or not isinstance(value, str):
         return value
-    if key == "trained_with" and not (base / value).exists() and ":" in value:
+    if key == "trained_with" and not _exists(base / value) and ":" in value:
         return value  # FRAMEWORK:IDS
-    if value in builtins and not (base / value).exists():
+    if value in builtins and not _exists(base / value):
         return value  # a built-in model or draft name, wherever the config sits
     p = Path(value)
     return str(p if p.is_absolute() else base / p)

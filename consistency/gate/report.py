@@ -46,6 +46,8 @@ class GateReport(BaseModel):
     checks: list[GateCheck] = Field(default_factory=list)
     counts: dict[str, int] = Field(default_factory=dict)
     seconds: float | None = None
+    outputs: dict[str, str] = Field(default_factory=dict, description="The files this run wrote, by kind (json, "
+                                    "junit, sarif, summary, step_summary): what a CI step may read back")
 
     @property
     def exit_code(self) -> int:

@@ -1,7 +1,8 @@
 """Run the checks a :class:`~consistency.gate.config.GateConfig` declares.
 
 The commands arrive as functions (:class:`Runners`): the CLI passes ``run_lint``,
-``run_compare`` and ``replay_check`` (None when torch is missing: replay is then skipped). Each check's report
+``run_compare`` and ``replay_check`` (None when torch is missing: a replay check is then an
+error, or skipped when the config marks it ``optional = true``). Each check's report
 is consumed as JSON (``model_dump``), turned into cases, and a failing input (a missing
 dump, a corrupt config) becomes an ``error`` check instead of stopping the other checks.
 """
@@ -110,9 +111,30 @@ def replay_cases(name: str, rep: dict[str, Any]) -> list[GateCase]:
     return cases
 
 
+def _unavailable(check: Check, why: str, t0: float) -> GateCheck:
+    """A check that cannot run in this environment (a dependency is missing).
+
+    Never a pass and, unless the config marked the check ``optional = true``, not a skip
+    either: an error, so a CI job that lacks torch cannot turn a declared replay into a
+    green gate. An optional check is skipped, and the summary says what was not checked.
+    """
+    if check.options.get("optional") is True:
+        msg = f"not checked: {why} (optional = true: skipped where it cannot run)"
+        case = GateCase(id=f"{check.kind}/{check.name}/available", name="dependencies", status="skipped",
+                        severity="info", message=msg)
+        return GateCheck(kind=check.kind, name=check.name, verdict="skipped",  # type: ignore[arg-type]
+                         summary=msg, cases=[case], seconds=time.perf_counter() - t0)
+    msg = (f"cannot run here: {why}; install what it needs, or mark the check optional = true to skip it "
+           "where it cannot run")
+    case = GateCase(id=f"{check.kind}/{check.name}/available", name="dependencies", status="error",
+                    severity="error", message=msg)
+    return GateCheck(kind=check.kind, name=check.name, verdict="error",  # type: ignore[arg-type]
+                     summary=msg, cases=[case], seconds=time.perf_counter() - t0)
+
+
 def _run(check: Check, runners: Runners) -> GateCheck:
     t0 = time.perf_counter()
-    opts = dict(check.options)
+    opts = {k: v for k, v in check.options.items() if k != "optional"}
     try:
         if check.kind == "lint":
             rep = _as_dict(runners.lint(opts))
@@ -122,23 +144,16 @@ def _run(check: Check, runners: Runners) -> GateCheck:
             cases = compare_cases(check.name, rep)
         else:
             if runners.replay is None:
-                case = GateCase(id=f"replay/{check.name}/available", name="replay available", status="skipped",
-                                severity="info", message=runners.replay_missing)
-                return GateCheck(kind="replay", name=check.name, verdict="skipped", summary=runners.replay_missing,
-                                 cases=[case], seconds=time.perf_counter() - t0)
+                return _unavailable(check, runners.replay_missing, t0)
             rep = _as_dict(runners.replay(opts))
             cases = replay_cases(check.name, rep)
-    except ImportError as exc:  # an optional dependency this check needs: skipped, with the install line
+    except ImportError as exc:  # an optional dependency this check needs: an error (or skipped if optional)
         from consistency.errors import missing_dependency
 
         dep = missing_dependency(exc, "replay" if check.kind == "replay" else None)
         if dep is None:
             raise
-        why = f"{check.kind} skipped: {dep}"
-        case = GateCase(id=f"{check.kind}/{check.name}/available", name="dependencies", status="skipped",
-                        severity="info", message=why)
-        return GateCheck(kind=check.kind, name=check.name, verdict="skipped",  # type: ignore[arg-type]
-                         summary=why, cases=[case], seconds=time.perf_counter() - t0)
+        return _unavailable(check, str(dep), t0)
     except ConsistencyError as exc:
         case = GateCase(id=f"{check.kind}/{check.name}/input", name="input", status="error", severity="error",
                         message=str(exc))
@@ -152,20 +167,22 @@ def _run(check: Check, runners: Runners) -> GateCheck:
 def run_gate(cfg: GateConfig, runners: Runners, only: tuple[str, ...] = ()) -> GateReport:
     t0 = time.perf_counter()
     checks = [c for c in cfg.checks if not only or c.name in only or f"{c.kind}/{c.name}" in only]
-    if only and not checks:
+    if not checks:  # a run that checks nothing is never a pass
         from consistency.errors import UsageError
 
-        raise UsageError(f"--only {', '.join(only)}: no such check; declared: "
-                         f"{', '.join(f'{c.kind}/{c.name}' for c in cfg.checks)}")
+        what = f"--only {', '.join(only)} names no declared check" if only else "the selection holds no check"
+        declared = ", ".join(f"{c.kind}/{c.name}" for c in cfg.checks) or "none"
+        raise UsageError(f"nothing to check: {what}; declared: {declared}")
     results = [_run(c, runners) for c in checks]
     counts = {s: sum(k.status == s for r in results for k in r.cases) for s in ("passed", "failed", "skipped", "error")}
     verdicts = [r.verdict for r in results]
     verdict = "error" if "error" in verdicts else "fail" if "fail" in verdicts else "pass"
     bad = [f"{r.kind}/{r.name}" for r in results if r.verdict in ("fail", "error")]
+    skipped = [f"{r.kind}/{r.name}" for r in results if r.verdict == "skipped"]
     n = len(results)
     summary = (f"{n} check{'s' * (n != 1)}: {verdicts.count('pass')} passed, {verdicts.count('fail')} failed, "
                f"{verdicts.count('error')} errored, {verdicts.count('skipped')} skipped"
-               + (f" ({', '.join(bad)})" if bad else ""))
+               + (f" ({', '.join(bad)})" if bad else "") + (f"; not checked: {', '.join(skipped)}" if skipped else ""))
     if results and verdict == "pass" and "pass" not in verdicts:  # nothing was checked: not a pass
         verdict = "error"
         summary += "; nothing was checked, so this is not a pass"

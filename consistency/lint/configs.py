@@ -15,24 +15,17 @@ from typing import Any
 from consistency.errors import InputError
 
 MAX_CONFIG_BYTES = 16 * 1024 * 1024
+MAX_IDS = 1024  # aux layer ids in one list: a model has fewer layers (lint was quadratic in them)
 MOE_KEYS = ("num_experts", "n_routed_experts", "num_local_experts", "moe_num_experts", "num_experts_per_tok")
 
 
 def read_json(path: Path, what: str = "config") -> dict[str, Any]:
-    """A JSON object from ``path`` (bounded size), or InputError naming the file."""
-    if not path.is_file():
-        raise InputError(path, f"no such {what} file" if not path.exists() else "is not a regular file")
-    if path.stat().st_size > MAX_CONFIG_BYTES:
-        raise InputError(path, f"{what} file is larger than {MAX_CONFIG_BYTES // 2**20} MiB")
-    try:
-        obj = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(path, f"cannot read: {exc}") from None
-    except ValueError as exc:
-        raise InputError(path, f"not valid JSON: {exc}") from None
-    if not isinstance(obj, dict):
-        raise InputError(path, f"a {what} must be a JSON object")
-    return obj
+    """A JSON object from ``path`` (bounded size and nesting), or InputError naming the file."""
+    from consistency.contract.io import read_config_json
+
+    if not path.exists() and not path.is_symlink():
+        raise InputError(path, f"no such {what} file")
+    return read_config_json(path, MAX_CONFIG_BYTES, what)
 
 
 def config_file(path: Path, what: str) -> Path:
@@ -71,6 +64,8 @@ def ids_at(obj: dict[str, Any] | None, dotted: str, path: Path | None) -> list[i
         return None
     if not isinstance(v, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in v):
         raise InputError(path, f"{dotted} must be a list of integers, got {json.dumps(v)[:80]}")
+    if len(v) > MAX_IDS:  # no model has that many layers; every rule over the ids stays cheap
+        raise InputError(path, f"{dotted} lists {len(v)} ids; at most {MAX_IDS} (a layer id per layer at most)")
     return list(v)
 
 

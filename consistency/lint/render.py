@@ -9,7 +9,7 @@ from rich.text import Text
 
 from consistency.contract.findings import Severity
 from consistency.lint.report import LintReport
-from consistency.report.escape import term
+from consistency.escape import term
 
 _STYLE = {Severity.error: "bold red", Severity.warning: "yellow", Severity.info: "dim"}
 

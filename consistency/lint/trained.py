@@ -51,11 +51,15 @@ def parse_trained_with(spec: str, num_layers: int | None, architecture: str | No
     An unpinned ``specforge`` keeps one reading per capture backend (narrowed by the
     draft's transformers ``stamp``); ids outside the target's streams are a usage error."""
     p = Path(spec)
-    if p.exists():
+    try:
+        is_file = p.exists()
+    except OSError:  # a FRAMEWORK:IDS spec past the file-name length limit (ENAMETOOLONG)
+        is_file = False
+    if is_file:
         return _from_file(p)
     m = _FRAMEWORK.match(spec.strip())
     if not m:
-        raise InputError(spec, "--trained-with: no such file, and not FRAMEWORK:IDS (e.g. specforge:1,29,57)")
+        raise InputError(spec[:200], "--trained-with: no such file, and not FRAMEWORK:IDS (e.g. specforge:1,29,57)")
     name, ids = m.group("name"), parse_ids(m.group("ids"))
     res = check_spec(name, "--trained-with", architecture)
     streams = streams_of(ids, name, num_layers, architecture).streams

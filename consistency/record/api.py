@@ -41,9 +41,29 @@ def resolve_streams(model: Any, ids: Sequence[int] | None, convention: str) -> t
     return streams, res.assumed
 
 
-def _torch_ids(input_ids: Any) -> Any:
+def out_of_vocab(input_ids: Any, model: Any, name: str = "the model") -> str | None:
+    """Why ``model`` cannot embed ``input_ids``, or None: an id past the vocabulary is an
+    IndexError deep inside the embedding otherwise (and a negative one wraps around)."""
+    ids = np.asarray(input_ids).reshape(-1)
+    get = getattr(model, "get_input_embeddings", None)
+    emb = get() if callable(get) else None
+    vocab = getattr(emb, "num_embeddings", None) or getattr(getattr(model, "config", None), "vocab_size", None)
+    if not isinstance(vocab, int) or ids.size == 0:
+        return None
+    bad = np.flatnonzero((ids < 0) | (ids >= vocab))
+    if bad.size == 0:
+        return None
+    i = int(bad[0])
+    more = f"; {bad.size} ids are outside it" if bad.size > 1 else ""
+    return (f"token id {int(ids[i])} at position {i} is outside the vocabulary of {name}: ids run 0..{vocab - 1} "
+            f"(vocab_size {vocab}){more}")
+
+
+def _torch_ids(input_ids: Any, model: Any = None) -> Any:
     import torch
 
+    if model is not None and (problem := out_of_vocab(input_ids, model)):
+        raise UsageError(problem)
     t = torch.as_tensor(np.asarray(input_ids, dtype=np.int64))
     return t[None] if t.dim() == 1 else t
 
@@ -59,12 +79,12 @@ def record_reference(model: Any, input_ids: Any, path: str | Path, aux_streams: 
     its steps into the same dump (consistency.record.draft.capture_draft_step)."""
     from consistency.record.hf import capture_streams
 
-    ids = _torch_ids(input_ids)
+    ids = _torch_ids(input_ids, model)
     streams, notes = capture_streams(model, ids, components=components, logits=logits)
     n = num_layers(model)
     meta = DumpMetadata(side=side, runtime=RuntimeInfo(name="transformers", version=_tf_version()),  # type: ignore[arg-type]
                         model=model_info(model.config))
-    rec = Recorder(path, meta, force=force)
+    rec = Recorder(path, meta, force=force, strict=True)  # our own captures: a refusal is a bug, said
     rec.capture(names.INPUT_IDS, ids[0] if ids.shape[0] == 1 else ids)
     for name in sorted(streams, key=names.sort_key):
         rec.capture(name, _squeeze(streams[name]), producer="hook")
@@ -97,14 +117,14 @@ def record_serving(model: Any, input_ids: Any, path: str | Path, streams: Sequen
 
     if dtype is not None:
         model = model.to(getattr(torch, dtype))
-    ids = _torch_ids(input_ids)
+    ids = _torch_ids(input_ids, model)
     order = sorted(set(streams))  # the capture loop appends in layer order, once per layer
     name, _, version = runtime.partition("@")
     meta = DumpMetadata(side=side, runtime=RuntimeInfo(name=name, version=version or None),  # type: ignore[arg-type]
                         model=model_info(model.config))
     meta.aux = aux_info(order, list(native_ids) if native_ids is not None else None, convention,
                         residual=Residual.delta.value if capture_mode == "clone" else Residual.stream.value)
-    with Recorder(path, meta, force=force) as rec:
+    with Recorder(path, meta, force=force, strict=True) as rec:
         rec.capture(names.INPUT_IDS, ids[0] if ids.shape[0] == 1 else ids)
         FusedDecoder(model, order, capture_mode=capture_mode, record_components=components)(ids)  # type: ignore[arg-type]
     assert rec.written is not None

@@ -20,7 +20,13 @@ from pathlib import Path
 from typing import Any
 
 from consistency.contract.models import DumpMetadata
+from consistency.dump import dtypes, safetensors_io
+from consistency.record.guard import Refused, check_name
 from consistency.record.recorder import Recorder
+
+
+def _torch_dtype(t: Any) -> str:
+    return str(t.dtype).removeprefix("torch.")
 
 
 class AsyncRecorder(Recorder):
@@ -71,6 +77,15 @@ class AsyncRecorder(Recorder):
     def capture(self, name: str, tensor: Any, producer: str | None = None, positions: Any = None, **meta: Any) -> None:
         if not self.enabled:
             return
+        try:
+            self._capture_async(name, tensor, producer, positions, meta)
+        except Exception as exc:  # noqa: BLE001 - never into the server's forward pass (record/guard.py)
+            if self.strict:
+                raise
+            self._refuse(name, exc.reason if isinstance(exc, Refused) else f"{type(exc).__name__}: {exc}")
+
+    def _capture_async(self, name: str, tensor: Any, producer: str | None, positions: Any,
+                       meta: dict[str, Any]) -> None:
         if positions is not None:
             self.capture_positions(name, positions)
         if name in ("positions", "input_ids", "request_ids") and hasattr(tensor, "dim") and tensor.dim() == 1:
@@ -82,9 +97,16 @@ class AsyncRecorder(Recorder):
             return
         import torch
 
+        check_name(name)
+        meta = self.parse_meta(meta)
+        if _torch_dtype(tensor) not in dtypes.BY_NAME or tensor.dim() > safetensors_io.MAX_RANK:
+            raise Refused(f"dtype {_torch_dtype(tensor)} with rank {tensor.dim()} cannot be stored in a dump")
         n = self.counts.get(name, 0) + 1
-        self.counts[name] = n
         key = name if n == 1 else f"{name}#{n}"
+        while key in self.tensors or key in self._layouts:  # never over an earlier capture
+            n += 1
+            key = f"{name}#{n}"
+        self.counts[name] = n
         sel = self._select(tensor)
         nbytes = sel.numel() * sel.element_size()
         if not self._reserve(name, nbytes):
@@ -212,10 +234,14 @@ class AsyncRecorder(Recorder):
         from consistency.contract.models import TensorMeta
 
         for key, (dt, shape, stride, contiguous, device, producer, meta) in self._layouts.items():
-            tm = TensorMeta(dtype=str(dt).removeprefix("torch."), shape=list(shape), stride=list(stride),
-                            contiguous=contiguous, device=device, producer=producer)
-            for k, v in meta.items():
-                setattr(tm, k, v)
+            try:  # validated as the reader will: a bad entry is refused, never the whole recording
+                tm = TensorMeta.model_validate({"dtype": str(dt).removeprefix("torch."), "shape": list(shape),
+                                                "stride": list(stride), "contiguous": contiguous, "device": device,
+                                                "producer": producer, **meta})
+            except Exception as exc:  # noqa: BLE001
+                self.tensors.pop(key, None)
+                self._refuse(key, f"its metadata is invalid: {' '.join(str(exc).split())[:160]}")
+                continue
             self.metadata.tensors[key] = tm
         if self.dropped:
             self.metadata.extra["dropped_captures"] = dict(self.dropped)

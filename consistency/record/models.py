@@ -43,13 +43,30 @@ def build_builtin(name: str, seed: int = DEFAULT_SEED, dtype: str = "float32") -
     return model.to(getattr(torch, dtype)).eval()
 
 
-def load_model(spec: str, dtype: str = "float32", seed: int = DEFAULT_SEED, gguf_file: str | None = None) -> Any:
-    """A built-in tiny name, or a local Hugging Face directory (never downloads)."""
-    if spec in builtin_names():
-        return build_builtin(spec, seed, dtype)
+def check_model_spec(spec: str) -> Path | None:
+    """None for a built-in name, the directory for a local model; anything else (a typo, a
+    Hub id: we never download) is one line that lists the built-in names, before any
+    tokenizer or model is touched."""
+    names = builtin_names()
+    if spec in names:
+        return None
     p = Path(spec)
     if not p.is_dir():
-        raise InputError(p, f"not a built-in model ({', '.join(builtin_names())}) nor a local model directory")
+        import difflib
+
+        close = difflib.get_close_matches(spec, names, n=1)
+        hint = f"; did you mean {close[0]}?" if close else ""
+        what = "is not a directory" if p.exists() else "no such directory"
+        raise InputError(p, f"not a built-in model ({', '.join(names)}) nor a local model directory ({what}; "
+                            f"models are never downloaded){hint}")
+    return p
+
+
+def load_model(spec: str, dtype: str = "float32", seed: int = DEFAULT_SEED, gguf_file: str | None = None) -> Any:
+    """A built-in tiny name, or a local Hugging Face directory (never downloads)."""
+    p = check_model_spec(spec)
+    if p is None:
+        return build_builtin(spec, seed, dtype)
     import sys
 
     import torch
@@ -59,13 +76,16 @@ def load_model(spec: str, dtype: str = "float32", seed: int = DEFAULT_SEED, gguf
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()
-    kw: dict[str, Any] = {"local_files_only": True, "dtype": getattr(torch, dtype)}
+    from consistency.dump.hf_dirs import SAFE_KW, check_own_classes, load_error
+
+    check_own_classes(p, "model")
+    kw: dict[str, Any] = {**SAFE_KW, "dtype": getattr(torch, dtype)}  # never the directory's own code
     if gguf_file:
         kw["gguf_file"] = gguf_file
     try:
         return AutoModelForCausalLM.from_pretrained(str(p), **kw).eval()
-    except (OSError, ValueError) as exc:
-        raise InputError(p, f"cannot load the model: {str(exc).splitlines()[0]}") from None
+    except (OSError, ValueError, KeyError, TypeError, ImportError) as exc:
+        raise load_error(p, exc, "model") from None
 
 
 def tokenize(model: Any, spec: str, prompt: str) -> np.ndarray:
@@ -73,13 +93,18 @@ def tokenize(model: Any, spec: str, prompt: str) -> np.ndarray:
     bytes folded into the vocabulary (built-in tiny models have no tokenizer)."""
     p = Path(spec)
     if p.is_dir():
+        from consistency.dump.hf_dirs import SAFE_KW, check_own_classes, check_tokenizer_size, declared_code, load_error
+
+        check_tokenizer_size(p)
+        check_own_classes(p, "tokenizer")
         try:
             from transformers import AutoTokenizer
 
-            tok = AutoTokenizer.from_pretrained(str(p), local_files_only=True)
+            tok = AutoTokenizer.from_pretrained(str(p), **SAFE_KW)
             return np.asarray(tok(prompt)["input_ids"], dtype=np.int64)
-        except (OSError, ValueError, TypeError):
-            pass
+        except (OSError, ValueError, TypeError) as exc:
+            if declared_code(p):  # refused, never silently replaced by bytes
+                raise load_error(p, exc, "tokenizer") from None
     vocab = int(getattr(model.config, "vocab_size", 256))
     data = prompt.encode("utf-8") or b" "
     return np.frombuffer(data, dtype=np.uint8).astype(np.int64) % vocab

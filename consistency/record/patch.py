@@ -34,7 +34,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from consistency.record import recorder
+from consistency.record import graphs, recorder
 from consistency.record.recorder import ENV_PATH, capture
 from consistency.record.requests import request_keys as request_keys  # re-exported for patch users
 from consistency.record.requests import request_numbers
@@ -68,15 +68,12 @@ def _rows(t: Any) -> int | None:
 
 def _skip(value: Any) -> bool:
     """Forwards we do not record: other token counts than asked, and CUDA-graph capture."""
+    if graphs.capturing():  # graph-safe mode buffers it; ENV_TOKENS is applied to each replay's real rows
+        return False
     want = os.environ.get(ENV_TOKENS)
     if want and _rows(value) != int(want):
         return True
-    try:
-        import torch
-
-        return bool(torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
-    except ImportError:  # pragma: no cover - engines always have torch
-        return False
+    return graphs.stream_capturing()
 
 
 def _env_recorder() -> Any:
@@ -123,7 +120,10 @@ def _capture_layout(ids: Any) -> None:
         capture("positions", positions.reshape(-1), producer="positions")
     else:
         positions = None
-    keys = request_keys(batch, tokens)
+    if graphs.capturing():  # no host read inside a CUDA graph: the runner hook gives them at each replay
+        keys = graphs.defer("request_ids") if batch is not None else None
+    else:
+        keys = request_keys(batch, tokens)
     if keys is not None and len(keys) == tokens:
         capture("request_ids", request_numbers(keys, positions, _state), producer="request_ids")
 

@@ -20,24 +20,26 @@ import atexit
 import datetime as _dt
 import os
 import sys
-import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from consistency import __version__
-from consistency.contract.models import AuxInfo, DumpMetadata, ModelInfo, RuntimeInfo, TensorMeta
-from consistency.dump.writer import write_dump
-from consistency.record.tensors import layout, to_numpy
+from consistency.contract.models import AuxInfo, DumpMetadata, ModelInfo, RuntimeInfo
+from consistency.dump.writer import max_tensors, write_dump
+from consistency.errors import UsageError
+from consistency.record import guard
+from consistency.record.fallback import ENV_FORCE, ENV_PATH, preflight, save_safely, say, sibling  # noqa: F401
+from consistency.record.guard import Refused, check_name
 
-ENV_PATH = "CONSISTENCY_RECORD"
 ENV_RANK0 = "CONSISTENCY_RECORD_RANK0_ONLY"
-ENV_FORCE = "CONSISTENCY_FORCE"  # "1": the environment recorder may overwrite an existing file
 
 _active: Recorder | None = None
 _lock = threading.Lock()
+# graph-safe mode (consistency/record/graphs.py) sets this: (recorder, name, tensor, producer, meta) -> taken
+graph_hook: Callable[[Recorder, str, Any, str | None, dict[str, Any]], bool] | None = None
 
 
 def dist_info() -> tuple[int | None, int | None]:
@@ -70,19 +72,35 @@ def rank_path(path: str | Path, rank: int | None, world: int | None) -> Path:
 
 
 class Recorder:
-    """Collects host copies of captured tensors and writes one dump."""
+    """Collects host copies of captured tensors and writes one dump.
+
+    ``capture`` never raises into the caller (a server's forward pass): a capture the dump
+    could not hold is refused alone, said in one stderr line and counted in the dump's
+    metadata (record/guard.py); ``strict=True`` raises instead (tests, our own recorders).
+    Captures, ``save`` and ``flush`` may come from several threads.
+    """
 
     def __init__(self, path: str | Path, metadata: DumpMetadata | None = None, force: bool = False,
-                 rank0_only: bool = False) -> None:
+                 rank0_only: bool = False, strict: bool = False) -> None:
         self.rank, self.world = dist_info()
-        self.path = rank_path(path, self.rank, self.world)
+        alone = rank0_only and (self.world or 1) > 1  # one file for the whole run: named as complete, not rank 0 of w
+        self.path = rank_path(path, None if alone else self.rank, None if alone else self.world)
         self.metadata = metadata.model_copy(deep=True) if metadata else DumpMetadata()
         self.metadata.rank, self.metadata.world_size = self.rank, self.world
+        if alone:  # compare reads it as one dump, not a rank set missing ranks 1..w-1
+            self.metadata.extra["rank0_only"] = True
         self.force = force
+        self.strict = strict
         self.enabled = not (rank0_only and self.rank not in (None, 0))
         self.tensors: dict[str, tuple[Any, str]] = {}
         self.counts: dict[str, int] = {}
+        self.refused: dict[str, dict[str, Any]] = {}  # name -> {"count", "reason"}: in extra.refused_captures
         self.written: Path | None = None
+        self.dirty = False  # captures since the last write
+        self._written_id: tuple[int, ...] | None = None
+        self._meta_chars = 0
+        self._said = 0
+        self._guard = threading.RLock()
         # the environment recorder: ``path`` stays the requested name (patches identify it by
         # that); ``redirect`` is where it will really write when that name cannot be used
         self.from_env = False
@@ -93,24 +111,63 @@ class Recorder:
 
         ``positions`` (this forward pass's token positions) is written once per pass as
         ``positions``/``positions#k``, beside the k-th capture, so captures can be stitched.
+        A capture the dump could not hold is refused with one line on stderr, never raised.
         """
         if not self.enabled:
             return
-        if positions is not None:
-            self.capture_positions(name, positions)
-        n = self.counts.get(name, 0) + 1
-        self.counts[name] = n
-        key = name if n == 1 else f"{name}#{n}"
-        tm = layout(tensor, producer) if hasattr(tensor, "stride") else TensorMeta(producer=producer)
+        try:
+            with self._guard:
+                self._capture(name, tensor, producer, positions, meta)
+        except Refused as exc:
+            self._refuse(name, exc.reason)
+        except Exception as exc:  # noqa: BLE001 - nothing the recorder does may raise into the host
+            if self.strict:
+                raise
+            self._refuse(name, f"{type(exc).__name__}: {' '.join(str(exc).split())[:160]}")
+
+    def parse_meta(self, meta: dict[str, Any]) -> dict[str, Any]:
+        """Keywords as the metadata model takes them (a shard annotation resolved for this rank)."""
         if "shard" in meta:  # 'h[tp]', 't[tp]', 'tp:partial', 'tp:replicated' or a ShardSpec
             from consistency.dump.ranks import parse_shard
 
             meta["shard"] = parse_shard(meta["shard"], self.rank or 0, self.world or 1,
                                         self.metadata.extra.get("parallel"))  # a declared layout's TP/DP rank
-        for k, v in meta.items():
-            setattr(tm, k, v)
-        self.tensors[key] = to_numpy(tensor)
+        return meta
+
+    def _capture(self, name: str, tensor: Any, producer: str | None, positions: Any, meta: dict[str, Any]) -> None:
+        check_name(name)
+        tm = guard.tensor_meta(tensor, producer, self.parse_meta(meta))
+        host = guard.host_copy(tensor)  # everything checked before anything is kept
+        if len(self.tensors) >= max_tensors(self.path):
+            raise Refused(f"the recording holds {len(self.tensors)} tensors, what a {self.path.suffix} dump can hold")
+        if positions is not None:  # only for a capture that is kept, so positions#k stays beside it
+            self.capture_positions(name, positions)
+        n = self.counts.get(name, 0) + 1
+        key = name if n == 1 else f"{name}#{n}"
+        while key in self.tensors:  # never over an earlier capture
+            n += 1
+            key = f"{name}#{n}"
+        size = guard.meta_chars(key, tm)
+        if self._meta_chars + size > guard.meta_budget():
+            raise Refused(f"the recording's metadata would pass the readers' {guard.MAX_META_TEXT}-character bound")
+        self.counts[name] = n
+        self._meta_chars += size
+        self.tensors[key] = host
         self.metadata.tensors[key] = tm
+        self.dirty = True
+
+    def _refuse(self, name: Any, reason: str) -> None:
+        if self.strict:
+            raise UsageError(f"capture {str(name)[:80]!r} refused: {reason}")
+        from consistency.contract.io import writable
+
+        shown = (name if len(name) <= 200 else f"{name[:200]}...") if isinstance(name, str) else repr(name)[:200]
+        shown, reason = writable(shown), writable(reason)  # they go into the metadata: escaped there too
+        with self._guard:
+            entry = self.refused.setdefault(shown, {"count": 0, "reason": reason})
+            entry["count"] += 1
+            said, self._said = self._said, self._said + 1
+        guard.say(name, reason, said)
 
     def capture_positions(self, name: str, positions: Any) -> None:
         """Record ``positions`` for the pass that ``name``'s next capture belongs to, once."""
@@ -119,20 +176,57 @@ class Recorder:
             self.capture("positions", positions, producer="positions")
 
     def save(self) -> Path | None:
-        """Write the dump. The environment recorder never raises here and never loses the
-        recording (:func:`_save_safely`); a recorder opened in code raises as usual."""
+        """Write the dump: everything captured so far (a later save rewrites it with what
+        came since). The environment recorder never raises here and never loses the
+        recording (record/fallback.py); a recorder opened in code raises as usual."""
         if not self.enabled or not self.tensors:
             return None
         if self.from_env:
-            return _save_safely(self)
+            return save_safely(self)
         return self._write(self.path, self.force)
 
+    def _snapshot(self) -> tuple[dict[str, Any], DumpMetadata]:
+        with self._guard:
+            meta = self.metadata.model_copy(deep=True)
+            if self.refused:
+                meta.extra["refused_captures"] = {k: dict(v) for k, v in self.refused.items()}
+            self.dirty = False
+            return dict(self.tensors), meta
+
     def _write(self, path: Path, force: bool) -> Path:
+        tensors, meta = self._snapshot()
         now = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-        self.metadata.created = self.metadata.created or now
-        self.metadata.tool_version = __version__
-        self.written = write_dump(path, self.tensors, self.metadata, force=force)
+        meta.created = meta.created or now
+        meta.tool_version = __version__
+        force = force or self.is_ours(path)  # our own earlier flush: rewritten, never a sibling
+        try:
+            self.written = write_dump(path, tensors, meta, force=force)
+        except UsageError as exc:
+            if "metadata" not in str(exc):
+                raise
+            # metadata set by the caller that cannot be written: keep the tensors, say why
+            keep = DumpMetadata(side=meta.side, runtime=meta.runtime, model=meta.model, aux=meta.aux, rank=meta.rank,
+                                world_size=meta.world_size, tensors=meta.tensors, created=meta.created,
+                                tool_version=meta.tool_version,
+                                extra={"metadata_dropped": " ".join(str(exc).split())[:300]})
+            self.written = write_dump(path, tensors, keep, force=force)
+        with self._guard:
+            try:
+                st = os.stat(self.written)
+                self._written_id = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+            except OSError:
+                self._written_id = None
         return self.written
+
+    def is_ours(self, path: Path) -> bool:
+        """``path`` is the file this recorder last wrote, untouched since (same inode, size, mtime)."""
+        if self.written is None or self._written_id is None or Path(path) != self.written:
+            return False
+        try:
+            st = os.stat(path)
+        except OSError:
+            return False
+        return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) == self._written_id
 
     def __enter__(self) -> Recorder:
         global _active
@@ -172,91 +266,9 @@ def _from_env() -> Recorder | None:
             _active = Recorder(path, meta, force=os.environ.get(ENV_FORCE) == "1",
                                rank0_only=os.environ.get(ENV_RANK0) == "1")
             _active.from_env = True
-            _preflight(_active)
+            preflight(_active)
             atexit.register(flush)
     return _active
-
-
-def _say(msg: str) -> None:
-    """One line on stderr (the server's log): where the recording goes and why."""
-    from consistency.report.escape import term
-
-    try:
-        sys.stderr.write(f"consistency: {ENV_PATH}: {term(msg)}\n")
-        sys.stderr.flush()
-    except (OSError, ValueError):  # stderr closed at exit: nothing more we can do
-        pass
-
-
-def sibling(path: Path) -> Path:
-    """A fresh name next to ``path``: ``out.safetensors`` -> ``out.20261130T081500-4242.safetensors``
-    (time and pid, so a re-run and a second process never pick the same name)."""
-    suffix = path.suffix or ".safetensors"
-    stem = path.name[: len(path.name) - len(path.suffix)] if path.suffix else path.name
-    stamp = _dt.datetime.now().strftime("%Y%m%dT%H%M%S")
-    for k in range(1000):
-        cand = path.with_name(f"{stem}.{stamp}-{os.getpid()}{'' if k == 0 else f'-{k}'}{suffix}")
-        if not cand.exists() and not cand.is_symlink():
-            return cand
-    return path.with_name(f"{stem}.{stamp}-{os.getpid()}-{os.urandom(4).hex()}{suffix}")
-
-
-def _preflight(rec: Recorder) -> None:
-    """At the first capture, not at exit: say now if the output cannot be written as named.
-
-    A server may run for hours before it exits; learning then that the path existed or its
-    directory was missing would lose the whole run. The recording is never dropped for
-    these reasons: an existing file keeps its content and the recording gets a sibling
-    name; a missing directory is created at exit; an unwritable one falls back to the
-    temporary directory. ``CONSISTENCY_FORCE=1`` overwrites an existing file instead.
-    """
-    if not rec.enabled:
-        return
-    p = rec.path
-    if (p.exists() or p.is_symlink()) and not rec.force:
-        if p.is_dir() or (p.exists() and not p.is_file()):
-            rec.redirect = sibling(p.parent / (p.name + ".safetensors")) if p.is_dir() else sibling(p)
-            _say(f"{p} is not a regular file; the recording will be written to {rec.redirect}")
-        else:
-            rec.redirect = sibling(p)
-            _say(f"{p} exists (kept); the recording will be written to {rec.redirect} "
-                 f"(set {ENV_FORCE}=1 to overwrite instead)")
-    parent = (rec.redirect or p).parent
-    if not parent.exists():
-        _say(f"directory {parent} does not exist; it will be created when the recording is written")
-    elif not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
-        rec.redirect = sibling(Path(tempfile.gettempdir()) / p.name)
-        _say(f"{parent} is not a writable directory; the recording will be written to {rec.redirect} instead")
-
-
-def _save_safely(rec: Recorder) -> Path | None:
-    """Write the environment-activated recording, never losing it to a name clash, a missing
-    directory or a full disk: try the path, then a sibling name, then the temporary
-    directory; say where it went (or why nowhere) in one line, never a traceback."""
-    from consistency.errors import ConsistencyError, OutputExistsError
-
-    wanted = rec.redirect or rec.path
-    tried: list[str] = []
-    candidates = [wanted, sibling(wanted), sibling(Path(tempfile.gettempdir()) / wanted.name)]
-    force = rec.force and rec.redirect is None
-    for i, cand in enumerate(candidates):
-        try:
-            if i < 2 and not cand.parent.exists():
-                cand.parent.mkdir(parents=True, exist_ok=True)
-            out = rec._write(cand, force and i == 0)  # a sibling is never an overwrite
-        except OutputExistsError:
-            tried.append(f"{cand}: exists")
-            continue
-        except (ConsistencyError, OSError) as exc:
-            tried.append(str(exc) if isinstance(exc, ConsistencyError) else f"{cand}: {exc.strerror or exc}")
-            continue
-        if cand != wanted:
-            _say(f"recording written to {out} (not {wanted}: {'; '.join(tried)})")
-        return out
-    n = len(rec.tensors)
-    mb = sum(getattr(a[0] if isinstance(a, tuple) else a, "nbytes", 0) for a in rec.tensors.values()) / 1e6
-    _say(f"could not write the recording ({n} tensors, {mb:.1f} MB) anywhere: {'; '.join(tried)}")
-    return None
 
 
 def capture(name: str, tensor: Any, producer: str | None = None, positions: Any = None, **meta: Any) -> None:
@@ -274,6 +286,8 @@ def capture(name: str, tensor: Any, producer: str | None = None, positions: Any 
             return
     if positions is not None:
         meta["positions"] = positions
+    if graph_hook is not None and graph_hook(rec, name, tensor, producer, meta):
+        return  # inside a CUDA-graph capture: buffered, drained after each replay
     rec.capture(name, tensor, producer, **meta)
 
 
@@ -284,12 +298,22 @@ def active() -> Recorder | None:
 def flush() -> Path | None:
     """Write the environment-activated recorder now (also runs at interpreter exit).
 
-    Never raises: at interpreter exit a traceback would be the only trace of a lost
-    recording. Where it went is said on stderr when it is not the requested path."""
+    Everything captured so far is written; captures made after a flush are written by the
+    next flush (or at exit), which rewrites the same file with the whole recording. Never
+    raises: at interpreter exit a traceback would be the only trace of a lost recording.
+    Where it went is said on stderr when it is not the requested path."""
     rec = _active
-    if rec is None or not rec.tensors or rec.written is not None:
+    if rec is None:
         return None
-    return rec.save()
+    if not rec.tensors or not rec.dirty:
+        return rec.written
+    try:
+        return rec.save()
+    except Exception as exc:  # noqa: BLE001 - a recorder opened in code raises; the environment's never does
+        if not rec.from_env:
+            raise
+        say(f"could not write the recording: {type(exc).__name__}: {exc}")
+        return None
 
 
 @contextmanager

@@ -45,6 +45,9 @@ def replay_check(draft: str | Path, reference: str | Path, candidate: str | Path
     from consistency.replay.assets import resolve_draft
     from consistency.replay.engine import run_replay
 
+    if max_drop is not None and max_drop_points is not None and max_drop != max_drop_points:
+        raise UsageError(f"replay: max_drop = {max_drop} and max_drop_points = {max_drop_points}; give one "
+                         "(max_drop_points; max_drop is its older name)")
     limit = max_drop_points if max_drop_points is not None else (max_drop if max_drop is not None else 5.0)
     return run_replay(resolve_draft(str(draft)), target, reference, candidate, steps, limit, feed, labels,
                       overrides, min_acceptance, method=method)

@@ -65,17 +65,11 @@ class DraftConfig:
 
 
 def read_json(path: Path) -> dict[str, Any]:
-    if not path.is_file():
-        raise InputError(path, "no such file" if not path.exists() else "is not a regular file")
-    if path.stat().st_size > MAX_CONFIG_BYTES:
-        raise InputError(path, "config file is too large")
-    try:
-        obj = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise InputError(path, f"not valid JSON ({' '.join(str(exc).split())})") from None
-    if not isinstance(obj, dict):
-        raise InputError(path, "config must be a JSON object")
-    return obj
+    from consistency.contract.io import read_config_json
+
+    if not path.exists() and not path.is_symlink():
+        raise InputError(path, "no such file")
+    return read_config_json(path, MAX_CONFIG_BYTES, "config")
 
 
 def detect_layout(cfg: Mapping[str, Any]) -> str:

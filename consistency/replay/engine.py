@@ -21,7 +21,8 @@ from consistency.errors import InputError, UsageError
 from consistency.replay.chain import run_chain
 from consistency.replay.load import LoadedDraft, TargetParts, load_draft
 from consistency.replay.report import ReplayReport
-from consistency.replay.scoring import Scored, build_report, choose_feed, load_target, score, summarize_draft  # noqa: F401 - re-exported
+from consistency.replay.scoring import (Scored, build_report, choose_feed, load_target, pass_summary,  # noqa: F401
+                                       score, summarize_draft)  # re-exported: callers of the old home
 from consistency.replay.checks import check_sides, common_tokens
 from consistency.replay.sides import Side, read_side, truncate
 

@@ -98,6 +98,20 @@ def choose_feed(feed: str, sides: tuple[Side, ...]) -> tuple[str, str | None]:
                        "generated text this equals feeding the draft's own proposals, as runtimes do")
 
 
+def pass_summary(worst: float, max_drop: float, rate: float, min_acceptance: float | None) -> str:
+    """What a passing replay passed: the drop in points within its limit (or a gain), and
+    the floor the candidate's acceptance cleared when one was set."""
+    if worst >= 0.05:
+        text = f"drop of {worst:.1f} points, within {max_drop:g}"
+    elif worst > -0.05:
+        text = f"no drop (within {max_drop:g} points)"
+    else:
+        text = f"no drop: the candidate gains {-worst:.1f} points (limit {max_drop:g})"
+    if min_acceptance is not None:
+        text += f"; acceptance {100 * rate:.1f}% clears the floor of {100 * min_acceptance:.0f}%"
+    return text
+
+
 def build_report(d: LoadedDraft | Any, tname: str | None, ref: Side, cand: Side, rs: Scored, cs: Scored, k: int, feed: str,
                  max_drop: float, seconds: float, min_acceptance: float | None = None,
                  draft_summary: DraftSummary | None = None) -> ReplayReport:
@@ -144,8 +158,8 @@ def build_report(d: LoadedDraft | Any, tname: str | None, ref: Side, cand: Side,
         summary = f"candidate loses {worst:.1f} points: {line}"
     elif verdict == "fail":
         summary = f"acceptance below the floor of {100 * (min_acceptance or 0):.0f}%: {line}"
-    else:
-        summary = f"no acceptance drop: {line}"
+    else:  # say what passed: how large the drop was against its limit (a 19.4-point drop is not "no drop")
+        summary = pass_summary(worst, max_drop, cs.rate, min_acceptance) + f": {line}"
     return ReplayReport(version=__version__, verdict=verdict, summary=summary, steps=k, feed=feed,  # type: ignore[arg-type]
                         max_drop_points=max_drop, min_acceptance=min_acceptance,
                         draft=draft_summary or summarize_draft(d), method=draft_summary.method if draft_summary else "eagle3",

@@ -13,7 +13,7 @@ from rich.text import Text
 
 from consistency.contract.findings import Severity
 from consistency.replay.report import ReplayReport, SideReplay
-from consistency.report.escape import term
+from consistency.escape import term
 
 _STYLE = {Severity.error: "bold red", Severity.warning: "yellow", Severity.info: "dim"}
 

@@ -6,7 +6,7 @@ lint rule and per compared tensor; annotations are workflow commands that GitHub
 on the config line at fault; the Markdown goes to ``$GITHUB_STEP_SUMMARY``.
 
 Every string in a gate report may come from a file (check names from the config, tensor
-names and metadata from dumps), so each goes through :mod:`consistency.report.escape`
+names and metadata from dumps), so each goes through :mod:`consistency.escape`
 for the output it lands in: ``xml`` for JUnit, ``annotation_*`` for workflow commands,
 ``md`` for the summary.
 """
@@ -18,7 +18,8 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
-from consistency.report import escape as esc
+from consistency import escape as esc
+from consistency.dump.atomic import MD_TRAILER
 
 _SAFE_URL = re.compile(r"(https://[A-Za-z0-9./#_-]+|docs/[A-Za-z0-9./#_-]+)")
 _ICON = {"pass": "✅", "fail": "❌", "error": "⛔", "skipped": "⏭️"}
@@ -134,7 +135,7 @@ def markdown_summary(report: dict[str, Any]) -> str:
             if c.get("doc"):
                 doc = str(c["doc"])
                 lines.append(f"  - see [{doc}]({doc})" if _SAFE_URL.fullmatch(doc) else f"  - see {_cell(doc)}")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + ["", MD_TRAILER]) + "\n"  # the trailer: how a re-run knows its own file
 
 
 def _v(x: Any) -> str:

@@ -15,17 +15,16 @@ else differs (metadata).
 from __future__ import annotations
 
 import math
-import os
 import statistics
 from pathlib import Path
 
 from consistency.contract.findings import CODES, CompareReport, DumpSummary, Finding, Severity, SlotReport
-from consistency.report import escape as esc
+from consistency import escape as esc
+from consistency.report.links import DOCS_ENV, doc_href, docs_base  # noqa: F401 - DOCS_ENV re-exported
 from consistency.report.heatmap import EXPECTED_COLOUR, describe, fmt, grids
 from consistency.report.html_svg import colorbar_svg, heatmap_svg, token_plot_svg
 
 MAX_PLOTS = 48  # per-token plots drawn; the rest are listed (a full-model compare can mismatch hundreds)
-DOCS_ENV = "CONSISTENCY_DOCS_URL"
 
 CSS = """
 :root{--fg:#1d1d1f;--muted:#5f6368;--line:#e3e3e3;--bg:#ffffff;--panel:#f7f7f8;--err:#c5221f;--warn:#b06000;
@@ -77,27 +76,8 @@ footer{margin-top:36px;color:var(--muted);font-size:12px}
 
 
 def _e(v: object) -> str:
-    """Every value from a dump or a path: markup and controls escaped (report/escape.py)."""
+    """Every value from a dump or a path: markup and controls escaped (consistency/escape.py)."""
     return esc.html(v)
-
-
-def docs_base() -> str:
-    """Where finding docs live: $CONSISTENCY_DOCS_URL, else this checkout's docs/ (file URL), else 'docs/'."""
-    env = os.environ.get(DOCS_ENV, "").strip()
-    if env:
-        return env if env.endswith("/") else env + "/"
-    local = Path(__file__).resolve().parents[2] / "docs"
-    if (local / "findings.md").is_file():
-        return local.as_uri() + "/"
-    return "docs/"
-
-
-def doc_href(doc: str | None, base: str) -> str | None:
-    """Resolve a finding's ``doc`` ('docs/findings.md#anchor') against base; None for anything odd."""
-    if not doc or any(ch in doc for ch in "\"'<>\\ \t\r\n") or ":" in doc or doc.startswith("/"):
-        return None
-    rel = doc[len("docs/"):] if doc.startswith("docs/") else doc
-    return base + rel
 
 
 def render(rep: CompareReport, docs: str | None = None) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 
-from consistency.report import escape as esc
+from consistency import escape as esc
 from consistency.report.heatmap import EXPECTED_COLOUR, Grid, Scale, colour, fmt, ink
 
 FONT = "font-family=\"system-ui, -apple-system, 'Segoe UI', 'DejaVu Sans', sans-serif\""

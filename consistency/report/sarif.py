@@ -10,10 +10,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from consistency.report import escape as esc
+from consistency import HOME
+from consistency import escape as esc
+from consistency.report.links import published
 
 SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
-INFO_URI = "https://github.com/consistency-dev/consistency"
+INFO_URI = HOME
 _LEVEL = {"error": "error", "warning": "warning", "info": "note"}
 
 
@@ -40,7 +42,7 @@ def lint_sarif(report: dict[str, Any], base: Path | None = None, include_info: b
         "shortDescription": {"text": r["title"]},
         "fullDescription": {"text": f"{r['title']}. Source: {r['source']}"},
         "help": {"text": f"Fix: {r['fix']}", "markdown": f"**Fix:** {r['fix']}\n\nSource: {r['source']}"},
-        "helpUri": r["doc"],
+        "helpUri": published(r["doc"]) or r["doc"],  # absolute: a relative URI would point into the scanned repo
         "defaultConfiguration": {"level": _LEVEL[r["severity"]]},
         "properties": {"source": r["source"], "tags": [r["code"][:3]]},
     } for r in report.get("rules", [])]

@@ -14,7 +14,7 @@ from rich.text import Text
 
 from consistency.contract.findings import CODES, CompareReport, Finding, Severity
 from consistency.report.alignment import alignment_line
-from consistency.report.escape import term
+from consistency.escape import term
 
 _STYLE = {Severity.error: "bold red", Severity.warning: "yellow", Severity.info: "dim"}
 

@@ -12,6 +12,7 @@ refusal leaves the directory as it was.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import math
 import re
@@ -20,11 +21,12 @@ from pathlib import Path
 from consistency.contract.findings import CompareReport
 from consistency.dump.atomic import check_writable, write_bytes_atomic, write_text_atomic
 from consistency.errors import InputError, need
-from consistency.report import escape as esc
+from consistency import escape as esc
 from consistency.report import html_page
 from consistency.report.heatmap import EXPECTED_COLOUR, Grid, colour, describe, fmt, grids, ink
 
 PNG_DPI = 110
+MAX_STEM = 96  # characters of a tensor name kept in a PNG file name (NAME_MAX is 255 bytes)
 
 
 def write_html(rep: CompareReport, path: Path, force: bool = False) -> Path:
@@ -46,7 +48,10 @@ def png_names(rep: CompareReport) -> list[tuple[str, str, object]]:
         out.append(("heatmap.png" if k == 0 else "heatmap-all-streams.png", "heatmap", g))
     used = {n for n, _, _ in out}
     for name in rep.per_token:
-        stem = "per-token-" + (re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._") or "tensor")
+        safe = re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._") or "tensor"
+        if len(safe) > MAX_STEM:  # a 300-character tensor name must not exceed NAME_MAX (ENAMETOOLONG)
+            safe = f"{safe[:MAX_STEM]}-{hashlib.sha256(name.encode('utf-8', 'surrogatepass')).hexdigest()[:10]}"
+        stem = "per-token-" + safe
         fname, k = f"{stem}.png", 2
         while fname in used:
             fname, k = f"{stem}-{k}.png", k + 1

@@ -5,8 +5,10 @@
 
 Python imports ``sitecustomize`` at start-up in every process, including the workers the
 engine spawns; :func:`consistency.record.patch.auto` then patches the engine's model classes
-as they are imported, and :func:`consistency.record.mtp_install.auto` its MTP draft classes.
-If your environment already has a sitecustomize, call both ``auto()`` from it instead.
+as they are imported, and :func:`consistency.record.mtp_install.auto` its MTP draft classes;
+with ``CONSISTENCY_RECORD_GRAPHS=1``, :func:`consistency.record.graph_runners.auto` its
+CUDA-graph runners too (docs/integrations/cuda-graphs.md). If your environment already has a
+sitecustomize, call these ``auto()`` from it instead.
 """
 
 import os
@@ -17,3 +19,7 @@ if os.environ.get("CONSISTENCY_RECORD"):
 
     auto()
     mtp_install.auto()
+    if os.environ.get("CONSISTENCY_RECORD_GRAPHS", "") not in ("", "0"):
+        from consistency.record import graph_runners
+
+        graph_runners.auto()

@@ -5,18 +5,22 @@ tensor was produced -- the seed's ``.clone()`` against an add) cannot change val
 are information, said so explicitly because users suspect them; claims that change
 meaning (stream ids, convention, model shape) are warnings; bookkeeping is information.
 
-The diff is DeepDiff's tree (``DeepDiff(a, b, verbose_level=2,
-threshold_to_diff_deeper=0).tree``: the same kinds, paths and values) for the only trees
-it is ever given here -- JSON objects whose lists were made atomic strings, with no NaN
-(pydantic writes it as null) and no ``__private`` keys (DeepDiff would skip those) --
-computed by a short walk. Unlike DeepDiff's default, two dicts that share few keys are
-still compared key by key: collapsing them into one changed value would hide a changed
-``aux.stream_ids`` (a warning) inside an ``aux`` or root entry (information). Importing
-deepdiff cost 0.14 G instructions, 11 % of a small compare's start-up (issue 17;
-docs/dependencies.md), and DeepDiff groups its kinds in an order that changes with the
-interpreter's hash seed. tests/test_metadiff.py checks the walk against deepdiff itself
-on random trees. Entries come in the reference's key order, what only the candidate has
-last.
+The diff is DeepDiff's (``DeepDiff(a, b, verbose_level=2, threshold_to_diff_deeper=0)``:
+its kinds, paths and values), imported only when the two trees differ: two equal
+metadata blocks (every per-tensor entry of a compare with identical layouts) cost a
+``json.dumps`` each, not deepdiff's import (docs/dependencies.md). Two options and one
+step of post-processing keep what the report has always promised:
+
+- ``threshold_to_diff_deeper=0``: two dicts that share few keys are still compared key by
+  key. DeepDiff's default folds them into one changed value, which would hide a changed
+  ``aux.stream_ids`` (a warning) inside an ``aux`` or root entry (information);
+- ``ignore_private_variables=False``: a ``__key`` in someone's metadata is a difference
+  like any other, not skipped;
+- DeepDiff groups its entries by kind, in an order that changes with the interpreter's
+  hash seed; entries are sorted into the reference's key order, what only the candidate
+  has last (``_order``), so a report reads the same on every run.
+
+Lists are made atomic strings first, so a changed id list is one difference.
 """
 
 from __future__ import annotations
@@ -37,27 +41,60 @@ Change = tuple[str, list[Any], Any, Any]  # kind, path, reference value, candida
 
 def changes(a: Any, b: Any) -> list[Change]:
     """Every difference between JSON trees ``a`` and ``b`` (lists and other non-dict values
-    are atomic), as DeepDiff's tree reports it with ``verbose_level=2`` and
-    ``threshold_to_diff_deeper=0`` (dicts are always compared key by key)."""
+    are atomic): DeepDiff's tree with ``verbose_level=2`` and ``threshold_to_diff_deeper=0``,
+    in the reference's key order. Equal trees return at once, without importing deepdiff."""
+    if _dumps(a) == _dumps(b):
+        return []
+    tree = _deepdiff()(a, b, verbose_level=2, threshold_to_diff_deeper=0, ignore_private_variables=False).tree
     out: list[Change] = []
-    _walk(a, b, [], out)
-    return out
+    for kind, items in tree.items():
+        for item in items:
+            path = item.path(output_format="list")
+            out.append((kind, path, None if kind.endswith("added") else item.t1,
+                        None if kind.endswith("removed") else item.t2))
+    return sorted(out, key=lambda c: _order(a, b, c[1]))
 
 
-def _walk(a: Any, b: Any, path: list[Any], out: list[Change]) -> None:
-    if type(a) is not type(b):  # 1 vs 1.0, True vs 1, None vs a value, a dict vs a string
-        out.append(("type_changes", path, a, b))
-        return
-    if not isinstance(a, dict):
-        if a != b:
-            out.append(("values_changed", path, a, b))
-        return
-    for k in a:  # the reference's order, then what only the candidate has
-        if k in b:
-            _walk(a[k], b[k], [*path, k], out)
-        else:
-            out.append(("dictionary_item_removed", [*path, k], a[k], None))
-    out.extend(("dictionary_item_added", [*path, k], None, b[k]) for k in b if k not in a)
+def _deepdiff() -> Any:
+    """``deepdiff.DeepDiff``, imported without its probes for pandas and polars.
+
+    deepdiff imports pandas (and polars) at import time, when installed, to hash DataFrames:
+    0.75 s of a compare's start-up where pandas is installed (transformers' and speculators'
+    environments have it), for trees that are only ever JSON here. The probe is answered
+    "not installed" (a ``None`` entry in ``sys.modules`` makes that import raise ImportError)
+    only while deepdiff itself is imported, and only for modules nobody has imported yet; a
+    later ``import pandas`` works as usual."""
+    import sys
+
+    hidden = [m for m in ("pandas", "polars") if m not in sys.modules]
+    for m in hidden:
+        sys.modules[m] = None  # type: ignore[assignment]
+    try:
+        from deepdiff import DeepDiff
+    finally:
+        for m in hidden:
+            if sys.modules.get(m, 0) is None:
+                del sys.modules[m]
+    return DeepDiff
+
+
+def _dumps(v: Any) -> str:
+    """A strict canonical form: 1 and 1.0, True and 1, None and a value all differ (as they
+    do to DeepDiff); key order does not."""
+    return json.dumps(v, sort_keys=True, allow_nan=True, default=repr)
+
+
+def _order(a: Any, b: Any, path: list[Any]) -> tuple[int, ...]:
+    """Where ``path`` sits in the reading order: at each level, the key's position among the
+    reference's keys, else after them, at its position among the candidate's."""
+    key: list[int] = []
+    for k in path:
+        ra = list(a) if isinstance(a, dict) else []
+        rb = list(b) if isinstance(b, dict) else []
+        key.append(ra.index(k) if k in ra else len(ra) + (rb.index(k) if k in rb else len(rb)))
+        a = a.get(k) if isinstance(a, dict) else None
+        b = b.get(k) if isinstance(b, dict) else None
+    return tuple(key)
 
 
 def _plain(meta: DumpMetadata | None) -> dict[str, Any]:
@@ -96,7 +133,7 @@ def diff(ref: DumpMetadata | None, cand: DumpMetadata | None, pairs: dict[str, s
 def _unignored(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     """``a`` without the top-level keys whose every difference IGNORED drops anyway
     (``created`` always differs between two recordings; a free-form ``extra`` need not be
-    walked). The predicate is symmetric, so the same keys go from both sides."""
+    diffed). The predicate is symmetric, so the same keys go from both sides."""
     def dropped(k: str) -> bool:
         nested = isinstance(a.get(k), dict) or isinstance(b.get(k), dict)
         return bool(IGNORED.match(k)) and (not nested or bool(IGNORED.match(k + ".x")))

@@ -1,0 +1,112 @@
+"""Where the environment recorder writes when the path it was given cannot be used.
+
+``CONSISTENCY_RECORD=PATH`` records inside a process we do not control (a server that
+runs for hours); its recording is never lost to a name clash, a missing or unusable
+directory, a full disk or a file-size limit: the path, then a sibling name, then the
+temporary directory, each said in one stderr line (docs/security.md).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+ENV_PATH = "CONSISTENCY_RECORD"
+ENV_FORCE = "CONSISTENCY_FORCE"  # "1": the environment recorder may overwrite an existing file
+
+
+def say(msg: str) -> None:
+    """One line on stderr (the server's log): where the recording goes and why."""
+    from consistency.escape import term
+
+    try:
+        sys.stderr.write(f"consistency: {ENV_PATH}: {term(msg)}\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):  # stderr closed at exit: nothing more we can do
+        pass
+
+
+def sibling(path: Path) -> Path:
+    """A fresh name next to ``path``: ``out.safetensors`` -> ``out.20261130T081500-4242.safetensors``
+    (time and pid, so a re-run and a second process never pick the same name)."""
+    suffix = path.suffix or ".safetensors"
+    stem = path.name[: len(path.name) - len(path.suffix)] if path.suffix else path.name
+    stamp = _dt.datetime.now().strftime("%Y%m%dT%H%M%S")
+    for k in range(1000):
+        cand = path.with_name(f"{stem}.{stamp}-{os.getpid()}{'' if k == 0 else f'-{k}'}{suffix}")
+        if not cand.exists() and not cand.is_symlink():
+            return cand
+    return path.with_name(f"{stem}.{stamp}-{os.getpid()}-{os.urandom(4).hex()}{suffix}")
+
+
+def preflight(rec: Any) -> None:
+    """At the first capture, not at exit: say now if the output cannot be written as named.
+
+    A server may run for hours before it exits; learning then that the path existed or its
+    directory was missing would lose the whole run. The recording is never dropped for
+    these reasons: an existing file keeps its content and the recording gets a sibling
+    name; a missing directory is created at exit; an unwritable one falls back to the
+    temporary directory. ``CONSISTENCY_FORCE=1`` overwrites an existing file instead.
+    """
+    if not rec.enabled:
+        return
+    p = rec.path
+    from consistency.dump.writer import dump_name_problem
+
+    problem = dump_name_problem(p)
+    if problem:  # x.pt would be refused at exit: keep the name, add the suffix that says what it holds
+        p = rec.redirect = p.with_name(p.name + ".safetensors")
+        say(f"{rec.path}: {problem.split(';')[0]}; the recording will be written to {p}")
+    if (p.exists() or p.is_symlink()) and not rec.force:
+        if p.is_dir() or (p.exists() and not p.is_file()):
+            rec.redirect = sibling(p.parent / (p.name + ".safetensors")) if p.is_dir() else sibling(p)
+            say(f"{p} is not a regular file; the recording will be written to {rec.redirect}")
+        else:
+            rec.redirect = sibling(p)
+            say(f"{p} exists (kept); the recording will be written to {rec.redirect} "
+                 f"(set {ENV_FORCE}=1 to overwrite instead)")
+    parent = (rec.redirect or p).parent
+    if not parent.exists():
+        say(f"directory {parent} does not exist; it will be created when the recording is written")
+    elif not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        rec.redirect = sibling(Path(tempfile.gettempdir()) / p.name)
+        say(f"{parent} is not a writable directory; the recording will be written to {rec.redirect} instead")
+
+
+def save_safely(rec: Any) -> Path | None:
+    """Write the environment-activated recording, never losing it to a name clash, a missing
+    directory or a full disk: try the path, then a sibling name, then the temporary
+    directory; say where it went (or why nowhere) in one line, never a traceback."""
+    from consistency.errors import ConsistencyError, OutputExistsError
+
+    wanted = rec.redirect or rec.path
+    if rec.written is not None and rec.is_ours(rec.written):
+        wanted = rec.written  # a flush wrote it: rewritten with everything captured since
+    tried: list[str] = []
+    candidates = [wanted, sibling(wanted), sibling(Path(tempfile.gettempdir()) / wanted.name)]
+    force = rec.force and rec.redirect is None
+    for i, cand in enumerate(candidates):
+        try:
+            if i < 2 and not cand.parent.exists():
+                cand.parent.mkdir(parents=True, exist_ok=True)
+            out = rec._write(cand, force and i == 0)  # a sibling is never an overwrite
+        except OutputExistsError:
+            tried.append(f"{cand}: exists")
+            continue
+        except (ConsistencyError, OSError) as exc:
+            tried.append(str(exc) if isinstance(exc, ConsistencyError) else f"{cand}: {exc.strerror or exc}")
+            continue
+        except Exception as exc:  # noqa: BLE001 - never a traceback at exit
+            tried.append(f"{cand}: {type(exc).__name__}: {exc}")
+            continue
+        if cand != wanted:
+            say(f"recording written to {out} (not {wanted}: {'; '.join(tried)})")
+        return out
+    n = len(rec.tensors)
+    mb = sum(getattr(a[0] if isinstance(a, tuple) else a, "nbytes", 0) for a in rec.tensors.values()) / 1e6
+    say(f"could not write the recording ({n} tensors, {mb:.1f} MB) anywhere: {'; '.join(tried)}")
+    return None

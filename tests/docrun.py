@@ -1,0 +1,125 @@
+"""Run the commands a Markdown page shows, as a reader would, and hold the page to the output.
+
+A page's ```console blocks hold ``$ command`` lines (a trailing backslash continues a
+command, a ``<<'EOF'`` heredoc runs to its ``EOF`` line) followed by the output the page
+shows. :func:`commands` reads them; :func:`run_page` runs them in order in one bash session
+(so ``P=...`` and ``cd`` carry over, as in a reader's terminal) and returns each command's
+exit code and output; :func:`missing` says which shown lines the real output does not
+contain. The page's conventions are honoured: a line that is ``...`` stands for lines left
+out, ``...`` inside a line for a cut, and a shown line may wrap where the terminal wrapped it
+(whitespace is compared collapsed). The exit code a page implies: that of its last
+``PASS``/``FAIL`` verdict line, 2 after ``consistency: error``, else 0.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+_BLOCK = re.compile(r"^```console\n(.*?)^```", re.S | re.M)
+_HEREDOC = re.compile(r"<<-?\s*'?(\w+)'?")
+_TIMING = re.compile(r"\d+(\.\d+)? m?s\b")  # "0.02 s", "5 ms": how long a run took is never the same twice
+
+
+@dataclass
+class Command:
+    text: str  # as bash gets it: continuation lines and heredoc bodies included
+    shown: list[str] = field(default_factory=list)  # the output lines the page shows under it
+    page: str = ""
+    line: int = 0
+
+    def expected_rc(self) -> int:
+        """The exit code the shown output implies: its last verdict line's (a gate shows one per
+        check, then its own), 2 for an error line, else 0."""
+        verdicts = [s for s in self.shown if s.startswith(("PASS  ", "FAIL  "))]
+        if verdicts:
+            return 1 if verdicts[-1].startswith("FAIL") else 0
+        return 2 if any(s.startswith("consistency: error") for s in self.shown) else 0
+
+
+def commands(page: Path) -> list[Command]:
+    text = page.read_text()
+    out: list[Command] = []
+    for m in _BLOCK.finditer(text):
+        first_line = text[:m.start()].count("\n") + 2
+        lines = m.group(1).splitlines()
+        i = 0
+        while i < len(lines):
+            if not lines[i].startswith("$ "):
+                if out and out[-1].page == str(page):
+                    out[-1].shown.append(lines[i])
+                i += 1
+                continue
+            start = i
+            body = [lines[i][2:]]
+            while body[-1].endswith("\\") and i + 1 < len(lines):
+                i += 1
+                body.append(lines[i])
+            here = _HEREDOC.search(body[0])
+            if here:
+                while i + 1 < len(lines) and lines[i].strip() != here.group(1):
+                    i += 1
+                    body.append(lines[i])
+            out.append(Command("\n".join(body), [], str(page), first_line + start))
+            i += 1
+    return out
+
+
+@dataclass
+class Ran:
+    command: Command
+    rc: int
+    stdout: str
+    stderr: str
+
+    @property
+    def output(self) -> str:
+        return self.stdout + self.stderr
+
+
+def run_page(cmds: list[Command], cwd: Path, env: dict[str, str], timeout: int = 900) -> list[Ran]:
+    """All commands in one bash session; a marker after each gives its exit code and splits
+    the two streams (a command that kills the shell ends the list there)."""
+    marks = [f"@@docrun-{i}@@" for i in range(len(cmds))]
+    script = ["set +e"]
+    for c, mark in zip(cmds, marks):
+        script += [c.text, f"__rc=$?; printf '\\n{mark}%d\\n' $__rc; printf '\\n{mark}\\n' >&2"]
+    r = subprocess.run(["bash", "-c", "\n".join(script)], cwd=cwd, env=env, capture_output=True, text=True,
+                       timeout=timeout)
+    ran: list[Ran] = []
+    out, err = r.stdout, r.stderr
+    for c, mark in zip(cmds, marks):
+        m = re.search(rf"\n?{re.escape(mark)}(\d+)\n", out)
+        e = err.find(f"\n{mark}\n")
+        if m is None or e < 0:
+            ran.append(Ran(c, -1, out, err))  # the session ended before this command finished
+            break
+        ran.append(Ran(c, int(m.group(1)), out[:m.start()], err[:e]))
+        out, err = out[m.end():], err[e + len(mark) + 2:]
+    return ran
+
+
+def _collapse(s: str) -> str:
+    return " ".join(s.split())
+
+
+def missing(ran: Ran) -> list[str]:
+    """The shown lines (fragments between cuts) that the real output does not contain.
+
+    A shown line may wrap at a different column than the real one, so whitespace is collapsed
+    on both sides; a timing is any timing; fragments under 4 characters carry no claim."""
+    real = _collapse(ran.output)
+    lost = []
+    for line in ran.command.shown:
+        for frag in (_collapse(f) for f in line.split("...")):
+            if len(frag) < 4:
+                continue
+            pieces, at = [], 0
+            for t in _TIMING.finditer(frag):
+                pieces += [re.escape(frag[at:t.start()]), r"\d+(?:\.\d+)? m?s\b"]
+                at = t.end()
+            if not re.search("".join(pieces) + re.escape(frag[at:]), real):
+                lost.append(frag)
+    return lost

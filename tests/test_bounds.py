@@ -1,0 +1,136 @@
+"""Bounds and one-line errors for what used to hang, crash or mislead.
+
+A 5,000-deep ``config.json`` (RecursionError), 40,000 aux ids (lint quadratic: 180 s), a
+bound override that is only checked when it is used, a text file that starts like one of
+our reports, a file that is not a dump (its first 8 bytes printed as a size), a rank-17
+tensor (written, then unreadable), a 300-character tensor name through ``--png``
+(ENAMETOOLONG, and the FAIL verdict lost).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import run_cli
+from consistency.dump.atomic import TEXT_TRAILER, is_report
+from consistency.dump.writer import write_dump
+from consistency.errors import UsageError
+from test_lint_support import FIX
+
+FIXED = FIX / "drafts" / "sglang" / "kimi-k2.5-eagle3-fixed.json"
+TARGET = FIX / "targets" / "kimi-k2.5.json"
+
+
+def _one_line(r) -> str:  # noqa: ANN001
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize("where", ["draft", "target"])
+def test_a_5000_deep_config_json_is_one_line(tmp_path: Path, where: str) -> None:
+    base = (FIXED if where == "draft" else TARGET).read_text().rstrip().rstrip("}")
+    deep = tmp_path / "deep.json"
+    deep.write_text(base + ', "x": ' + "[" * 5000 + "]" * 5000 + "}")
+    args = {"draft": str(FIXED), "target": str(TARGET), where: str(deep)}
+    r = run_cli("lint", "--draft", args["draft"], "--target", args["target"], "--runtime", "sglang@0.5.23")
+    assert "nested too deeply" in _one_line(r) and str(deep) in r.stderr
+
+
+def test_40000_aux_ids_are_refused_fast_in_the_config_and_on_the_command_line(tmp_path: Path) -> None:
+    cfg = json.loads(FIXED.read_text())
+    cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = list(range(40_000))
+    many = tmp_path / "many.json"
+    many.write_text(json.dumps(cfg))
+    t0 = time.perf_counter()
+    r = run_cli("lint", "--draft", str(many), "--target", str(TARGET), "--runtime", "sglang@0.5.23")
+    assert "lists 40000 ids; at most 1024" in _one_line(r)
+    ids = ",".join(map(str, range(40_000)))
+    r = run_cli("lint", "--draft", str(FIXED), "--target", str(TARGET), "--runtime", "sglang@0.5.23",
+                "--trained-with", f"stream:{ids}")
+    line = _one_line(r)
+    assert "40000 ids; at most 1024" in line and len(line) < 300  # the list itself is not echoed
+    assert time.perf_counter() - t0 < 30
+
+
+def test_1024_aux_ids_still_lint_in_linear_time(tmp_path: Path) -> None:
+    cfg = json.loads(FIXED.read_text())
+    cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = list(range(1024))
+    p = tmp_path / "wide.json"
+    p.write_text(json.dumps(cfg))
+    t0 = time.perf_counter()
+    r = run_cli("lint", "--draft", str(p), "--target", str(TARGET), "--runtime", "sglang@0.5.23", "--trained-with",
+                "stream:" + ",".join(map(str, range(1024))), "--format", "json")
+    assert r.returncode == 1 and json.loads(r.stdout)["verdict"] == "fail", r.stderr  # ids past the model's layers
+    assert time.perf_counter() - t0 < 30
+
+
+@pytest.mark.parametrize("env,needle", [({"CONSISTENCY_MAX_HEADER_BYTES": "-4"}, "must be positive"),
+                                        ({"CONSISTENCY_MAX_META_BYTES": "lots"}, "is not an integer"),
+                                        ({"CONSISTENCY_MAX_HEADER_BYTE": "4096"}, "no such bound")])
+def test_bound_overrides_are_validated_when_any_command_starts(tmp_path: Path, env: dict, needle: str) -> None:
+    # lint reads no dump: the override would never have been consulted
+    r = run_cli("lint", "--draft", str(FIXED), "--target", str(TARGET), env=env)
+    assert needle in _one_line(r)
+
+
+def test_every_known_bound_is_consulted_somewhere() -> None:
+    from consistency.contract.bounds import KNOWN_BOUNDS, check_bound_overrides
+
+    src = "\n".join(p.read_text() for p in (Path(__file__).parents[1] / "consistency").rglob("*.py"))
+    for name in KNOWN_BOUNDS:
+        assert f'"MAX_{name}"' in src or f"CONSISTENCY_MAX_{name}" in src.replace("KNOWN_BOUNDS", ""), name
+    check_bound_overrides({"CONSISTENCY_MAX_JSON_DEPTH": "128"})
+    with pytest.raises(UsageError):
+        check_bound_overrides({"CONSISTENCY_MAX_JSON_DEPTH": "0"})
+
+
+def test_a_note_that_starts_like_a_text_report_is_data(tmp_path: Path) -> None:
+    note = tmp_path / "notes.txt"
+    note.write_text("consistency compare train.safetensors serve.safetensors: remember to rerun\n")
+    assert not is_report(note)
+    r = run_cli("lint", "--draft", str(FIXED), "--target", str(TARGET), "-o", str(note))
+    assert r.returncode == 2 and "output exists" in r.stderr and note.read_text().startswith("consistency compare")
+    out = tmp_path / "lint.txt"
+    r = run_cli("lint", "--draft", str(FIXED), "--target", str(TARGET), "-o", str(out))
+    assert out.read_text().endswith(TEXT_TRAILER.format(kind="lint") + "\n") and is_report(out)
+    r = run_cli("lint", "--draft", str(FIXED), "--target", str(TARGET), "-o", str(out))  # its own report: rewritten
+    assert r.returncode in (0, 1), r.stderr
+
+
+@pytest.mark.parametrize("content,needle", [(b"hello world, a text file\n", "it starts with text 'hello world, a "),
+                                            (b"\x00\x01\x02\x03\x04\x05\x06\x07\x08\x09", "starts with bytes 00 01 02"),
+                                            (b"%PDF-1.7\n%\xe2\xe3\xcf\xd3\n", "starts with PDF data")])
+def test_a_file_that_is_not_a_dump_is_named_for_what_it_starts_with(tmp_path: Path, content: bytes,
+                                                                     needle: str) -> None:
+    p = tmp_path / "x.safetensors"
+    p.write_bytes(content)
+    line = _one_line(run_cli("inspect", str(p)))
+    assert "not a safetensors file" in line and needle in line and "claims" not in line
+
+
+def test_a_rank_17_tensor_is_refused_at_write(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match="rank 17"):
+        write_dump(tmp_path / "r.safetensors", {"x": np.zeros([1] * 17, np.float32)})
+    assert not (tmp_path / "r.safetensors").exists()
+    write_dump(tmp_path / "ok.safetensors", {"x": np.zeros([1] * 16, np.float32)})
+    assert run_cli("inspect", str(tmp_path / "ok.safetensors")).returncode == 0
+
+
+def test_png_of_a_300_character_tensor_name_is_written_and_the_verdict_shown(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    name = "n" * 300
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((6, 8)).astype(np.float32)
+    write_dump(tmp_path / "r.safetensors", {name: x})
+    write_dump(tmp_path / "c.safetensors", {name: x + rng.standard_normal((6, 8)).astype(np.float32)})
+    r = run_cli("compare", str(tmp_path / "r.safetensors"), str(tmp_path / "c.safetensors"), "-q",
+                "--png", str(tmp_path / "png"))
+    assert r.returncode == 1 and r.stdout.startswith("FAIL"), r.stdout + r.stderr
+    pngs = sorted(p.name for p in (tmp_path / "png").iterdir())
+    assert any(p.startswith("per-token-nnnn") for p in pngs) and all(len(p) < 160 for p in pngs)
