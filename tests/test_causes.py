@@ -263,6 +263,25 @@ def test_speculators_and_specforge_references_say_every_slot_moved_later(tmp_pat
         assert "lies after stream 6" in slot.message and "7..8" in slot.message, slot.message
 
 
+def test_a_thin_reference_says_when_the_slots_moved_different_ways(tmp_path) -> None:  # noqa: ANN001
+    """Serving slots [1, 2, 9] against training's [0, 3, 7] on an aux-only reference (N = 12 in
+    its metadata): slot 0 lies after stream 0, slot 1 before stream 3, slot 2 past stream 7 --
+    no single offset, and the report says so instead of telling an offset story."""
+    st, t = record("llama"), 64
+    ref = write_dump(tmp_path / "ref.safetensors", {"input_ids": st.ids[:t]} |
+                     {f"aux.{i}": st.hidden[s][:t] for i, s in enumerate(TRAIN)}, _meta(claims=TRAIN), force=True)
+    cand = write_dump(tmp_path / "cand.safetensors", {"input_ids": st.ids[:t]} |
+                      {f"aux.{i}": _bf16(st.hidden[s][:t]) for i, s in enumerate([1, 2, 9])},
+                      _meta(side="serving"), force=True)
+    rep = run_compare(str(ref), str(cand))
+    errs = _errors(rep)
+    assert "LAYER_OFFSET" not in errs and "NUMERIC_DRIFT" not in errs, sorted(errs)
+    assert rep.summary.startswith("the slots did not all move the same way"), rep.summary
+    assert "slot 0 lies after stream 0 (one of 1..2)" in rep.summary, rep.summary
+    assert "slot 1 lies before stream 3 (one of 1..2)" in rep.summary and "slot 2 is no stream before 7" in rep.summary
+    assert errs["UNKNOWN"][0].tensor == "aux"
+
+
 # -- cost ----------------------------------------------------------------------------------------------
 
 def test_residual_missing_tries_the_blocks_next_to_the_stream_pair_by_pair(tmp_path) -> None:  # noqa: ANN001

@@ -160,18 +160,41 @@ def where(p: Position, top: int | None) -> str:
            "the reference does not record"
 
 
+def _short(p: Position, top: int | None) -> str:
+    """'lies after stream 0 (one of 1..2)', for a list of slots."""
+    b = p.between
+    if p.side == "later":
+        hi = (b[1] - 1) if b is not None and b[1] is not None and p.strong else top
+        rng = f"{p.expected + 1}..{hi}" if hi is not None else f"past {p.expected}"
+        return f"lies after stream {p.expected} (one of {rng})" if p.strong else \
+            f"is no stream before {p.expected} ({rng}, or none)"
+    lo = b[0] + 1 if b is not None and p.strong else 0
+    return f"lies before stream {p.expected} (one of {lo}..{p.expected - 1})" if p.strong else \
+        f"is no stream after {p.expected} (0..{p.expected - 1}, or none)"
+
+
 def story(ev: Evidence, slots: Sequence[Result], unexplained: Sequence[bool], cand_side: str,
           ref_side: str) -> Story | None:
     """Every slot unexplained and on the same side of the stream it should hold: a layer
-    offset the thin reference cannot measure."""
+    offset the thin reference cannot measure; on different sides: said once, no offset."""
     if len(slots) < 2 or not all(unexplained):
         return None
     ps = [position(ev, r) for r in slots]
     sides = {p.side for p in ps if p is not None}
-    if any(p is None for p in ps) or len(sides) != 1 or None in sides or not any(p.strong for p in ps if p):
+    have = recorded(ev, slots[0])
+    if any(p is None for p in ps) or not any(p.strong for p in ps if p):
+        return None
+    if len(sides - {None}) > 1:  # read both ways: not one offset, said once for the list
+        top = ev._num_layers()
+        said = "; ".join(f"slot {r.slot} {_short(p, top)}" for r, p in zip(slots, ps, strict=True)
+                         if p is not None and p.side is not None)
+        return Story("UNKNOWN", f"the slots did not all move the same way ({said}): no single layer offset explains "
+                     f"them; the reference records streams {have}{_only(ev)}, so record every stream on the "
+                     "reference side to name each", {"directions": [p.side if p else None for p in ps],
+                                                     "measured": False, "recorded": have})
+    if len(sides) != 1 or None in sides:
         return None
     side = sides.pop()
-    have = recorded(ev, slots[0])
     ranges = [p.between for p in ps if p is not None]
     top = ev._num_layers()
     fmt = lambda b: f"{b[0] + 1}..{(b[1] - 1) if b[1] is not None else top if top is not None else 'N'}"  # noqa: E731
