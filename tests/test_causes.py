@@ -86,6 +86,29 @@ def test_the_recorder_reads_what_each_block_adds(arch: str) -> None:
         assert float(out["attn_out.0"].norm()) > 0 and float(out["mlp_out.0"].norm()) > 0
 
 
+@pytest.mark.parametrize("arch", list(ARCH_FAMILIES))
+def test_serving_style_recording_reproduces_the_forward_or_refuses(arch: str, tmp_path) -> None:  # noqa: ANN001
+    """``record --style serving`` (the fused-residual loop) on the same weights as a training
+    recording: the same streams (sandwich norms and Granite's multipliers followed), or a
+    one-line refusal for layers it does not model (parallel blocks) -- never a dump of
+    streams the model does not compute, which compare would then blame on the serving side."""
+    from consistency.errors import UsageError
+    from consistency.record.api import record_reference, record_serving
+
+    model = _tiny_model(arch)
+    ids = np.arange(2, 40)
+    ref = record_reference(model, ids, tmp_path / "train.safetensors", aux_streams=[1, 4, 7])
+    try:
+        cand = record_serving(model, ids, tmp_path / "serve.safetensors", [1, 4, 7])
+    except UsageError as e:
+        assert arch in PARALLEL and len(str(e).splitlines()) == 1 and "--style training" in str(e), (arch, str(e))
+        assert not (tmp_path / "serve.safetensors").exists()
+        return
+    assert arch not in PARALLEL
+    rep = run_compare(str(ref), str(cand))
+    assert rep.verdict == "pass", (arch, rep.summary)
+
+
 @pytest.mark.parametrize("arch", ["llama", "deepseek_v3", "gpt_neox", "gemma2", "granite"])
 def test_streams_move_monotonically_with_depth(arch: str) -> None:
     """diagnose.thin's premise: the distance from stream a to stream b grows with |a - b|
