@@ -57,6 +57,9 @@ PINS: dict[tuple[str, str], tuple[str, str, tuple[str, ...]]] = {
     ("megatron-core", "0.18.0"): ("megatron_core-0.18.0-cp312-cp312-manylinux_2_24_x86_64.manylinux_2_28_x86_64.whl",
                                   "beb6f7b1462a82723cef31773dae60f54a2f7bc809e5e050cf9f59c344b5a373",
                                   ("manylinux_2_28_x86_64",)),
+    # SpecForge's data pipeline (tests/pipelines.py runs its build_eagle3_dataset on a real tokenizer)
+    ("specforge", "0.2.0"): ("specforge-0.2.0-py3-none-any.whl",
+                             "fbc79517adf483c6a8beea52561b1a8c8c8a99a54c820b47d2033a73966b55b0", ("any",)),
     ("vllm", "0.25.0"): ("vllm-0.25.0-cp38-abi3-manylinux_2_28_x86_64.whl",
                          "c82e96b01af2142ef398ca92f1e9c5f4ffc119f2cc09fe68ea28865323532f0c",
                          ("manylinux_2_28_x86_64",)),
@@ -77,10 +80,12 @@ PREFIXES = ("sglang/srt/models/", "sglang/srt/layers/aux_hidden_states.py", "vll
             "sglang/srt/speculative/eagle_draft_cuda_graph_runner.py",
             "sglang/srt/speculative/eagle_draft_extend_cuda_graph_runner.py",
             "vllm/v1/worker/gpu_model_runner.py", "vllm/compilation/cuda_graph.py")
+ENGINE_PREFIXES = PREFIXES  # the members digest covers these: adding SpecForge's redoes no engine tree
+PREFIXES += ("specforge/__init__.py", "specforge/data/", "specforge/distributed.py", "specforge/utils.py")
 MARK = ".consistency-sha256"  # written last: a tree holding it was fully unpacked from the pinned wheel
 PYTHON = {("megatron-core", "0.18.0"): "3.12"}  # the wheel's tag (its files are plain Python, read not installed)
 # the mark holds the wheel's sha256 and a digest of PREFIXES: a tree unpacked with fewer members is redone
-MEMBERS = hashlib.sha256(repr(PREFIXES).encode()).hexdigest()[:16]
+MEMBERS = hashlib.sha256(repr(ENGINE_PREFIXES).encode()).hexdigest()[:16]
 
 
 def default_cache() -> Path:

@@ -66,7 +66,8 @@ def test_1024_aux_ids_still_lint_in_linear_time(tmp_path: Path) -> None:
     t0 = time.perf_counter()
     r = run_cli("lint", "--draft", str(p), "--target", str(TARGET), "--runtime", "sglang@0.5.23", "--trained-with",
                 "stream:" + ",".join(map(str, range(1024))), "--format", "json")
-    assert r.returncode == 1 and json.loads(r.stdout)["verdict"] == "fail", r.stderr  # ids past the model's layers
+    # ids past the model's 61 layers: a one-line usage error naming the valid range, in bounded time
+    assert r.returncode == 2 and "fall outside the valid streams (0..61" in r.stderr, r.stderr
     assert time.perf_counter() - t0 < 30
 
 

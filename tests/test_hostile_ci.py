@@ -156,7 +156,7 @@ ATTACKS = [
     Attack("workflow-commands-and-shell-in-check-names", _hostile_lints(), verdict="fail"),
     # --- inputs that used to hang, crash or run code
     Attack("redos-tolerance", '[[compare]]\nname = "redos"\nreference = "dumps/redos.safetensors"\n'
-           'candidate = "dumps/redos.safetensors"\ntolerance = { "(a+)+$" = 0.1 }\n', verdict="pass"),
+           'candidate = "dumps/redos-copy.safetensors"\ntolerance = { "(a+)+$" = 0.1 }\n', verdict="pass"),
     Attack("5000-deep-draft-config", LINT_FIXED.replace("drafts/fixed.json", "drafts/deep.json"),
            files={"drafts/deep.json": _deep_config()}, verdict="error"),
     Attack("40000-aux-ids", LINT_FIXED.replace("drafts/fixed.json", "drafts/many.json"),
@@ -181,7 +181,9 @@ def dumps(tmp_path_factory: pytest.TempPathFactory) -> dict[str, bytes]:
     for side in ("train", "serve"):
         write_dump(d / f"{side}.safetensors", {"input_ids": ids, **aux},
                    DumpMetadata(aux=AuxInfo(stream_ids=[0, 3, 7])))
-    write_dump(d / "redos.safetensors", {REDOS_NAME: rng.standard_normal((4, 8)).astype(np.float32)})
+    redos = {REDOS_NAME: rng.standard_normal((4, 8)).astype(np.float32)}
+    write_dump(d / "redos.safetensors", redos)
+    write_dump(d / "redos-copy.safetensors", redos)  # a file compared with itself is SAME_INPUT, never a pass
     return {p.name: p.read_bytes() for p in d.iterdir()}
 
 

@@ -78,6 +78,8 @@ def test_a_stage_that_recorded_nothing_is_named(pp):
         assert f.evidence["layers"] == [2, 4] and "pipeline stage 1 of 2" in f.message
     rep = run_compare(str(pp / "ref.safetensors"), str(pp / "silent.safetensors"))
     assert rep.verdict == "fail" and ("MISSING", None) in _errors(rep)
+    # the missing stage leads: it is why the slots are missing (issue 24), not a MISSING aux slot
+    assert rep.summary.startswith("STAGE_MISSING") and rep.findings[0].code == "STAGE_MISSING"
 
 
 @pytest.mark.slow

@@ -20,6 +20,10 @@ and the stock debug dumpers tests/test_stock_*.py run (their debug_utils / activ
 
 * sglang 0.5.5         3c57f135ec0a7a5c   * sglang 0.5.9   8a936c4d25fea605
 * megatron-core 0.18.0 beb6f7b1462a8272
+
+and SpecForge's data pipeline, which tests/test_pipelines_served.py runs (specforge/data):
+
+* specforge 0.2.0      fbc79517adf483c6
 """
 
 from __future__ import annotations
@@ -174,7 +178,7 @@ def test_every_checked_tree_is_fetched_by_the_ci_script():
     pinned = {f"{pkg}-{ver}" for pkg, ver in mod.PINS}
     wanted = {t for trees in APPLIES.values() for t in trees} | {f"{p}-{v}" for _m, (p, v, _f, _q) in QUOTES.values()}
     assert wanted <= pinned, wanted - pinned
-    quoted = dict(re.findall(r"\* (?:sglang|vllm|megatron-core) ([\w.]+)\s+([0-9a-f]{16})", __doc__ or ""))
+    quoted = dict(re.findall(r"\* (?:sglang|vllm|megatron-core|specforge) ([\w.]+)\s+([0-9a-f]{16})", __doc__ or ""))
     for (pkg, ver), (_name, digest, _plat) in mod.PINS.items():
         assert digest.startswith(quoted[ver]), (pkg, ver)
     patched = {ln[6:] for p in APPLIES for ln in (PATCHES / p).read_text().splitlines() if ln.startswith("+++ b/")}

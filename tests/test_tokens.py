@@ -98,12 +98,26 @@ def test_context_flags_follow_positions_and_earlier_changes():
     # the same suffix positioned from 0: the prefix is genuinely absent
     al = align(ref, _side("candidate", ids[10:]))
     assert al.compared == 30 and al.context_differs and al.missing[0].where == "start"
+    assert al.unknown.all()  # no candidate positions: unproven, the values decide (compare.prepare)
     # a replacement in the middle: tokens before it keep their context, tokens after do not
     cand = ids.copy()
     cand[20:22] = [7, 8]
     al = align(ref, _side("candidate", cand))
-    assert al.compared == 38 and al.context.tolist() == [False] * 20 + [True] * 18
-    assert [(s.start, s.stop, s.where) for s in al.extra] == [(20, 22, "middle")]
+    assert al.compared == 38 and al.context.tolist() == [False] * 20 + [True] * 18 and not al.unknown.any()
+    assert not al.extra and not al.missing
+    [(r, c)] = [(x.ref, x.cand) for x in al.replaced]  # both sides differ at one place: one replacement
+    assert (r.start, r.stop, r.where, c.start, c.stop, c.where) == (20, 22, "middle", 20, 22, "middle")
+    # a sampled continuation: both sides go on differently from token 30
+    cand = np.concatenate([ids[:30], np.arange(900, 915)])
+    al = align(ref, _side("candidate", cand))
+    assert al.compared == 30 and not al.context_differs and not al.extra and not al.missing
+    [(r, c)] = [(x.ref, x.cand) for x in al.replaced]
+    assert (r.start, r.stop, c.start, c.stop, r.where) == (30, 40, 30, 45, "end")
+    # a token the candidate's positions jump over (another DP rank's, a pass not captured): same context
+    keep = np.r_[0:15, 16:40]
+    al = align(ref, _side("candidate", ids[keep], positions=keep))
+    assert al.compared == 39 and not al.context_differs and al.not_captured == 1 and not al.missing
+    assert [(s.start, s.stop, s.where) for s in al.uncaptured] == [(15, 16, "middle")]
     # decode tokens after the reference's end change nothing before them
     al = align(ref, _side("candidate", np.concatenate([ids, [1, 2, 3]])))
     assert al.compared == 40 and not al.context_differs and al.extra[0].where == "end"

@@ -22,6 +22,9 @@ from consistency.escape import json_log, term
 @click.option("--ref-layer-ids", help="Aux layer ids of REFERENCE only (wins over what the file records).")
 @click.option("--cand-layer-ids", help="Aux layer ids of CANDIDATE only (wins over what the file records).")
 @click.option("--convention", help="What --layer-ids mean: stream, vllm, speculators, specforge, sglang@VER, ...")
+@click.option("--consumer", type=click.Choice(["eagle3", "mtp", "eagle1", "medusa", "dflash", "p-eagle"]),
+              help="The draft that reads REFERENCE's states (a declaration: the reference's own claims outrank it); "
+                   "mtp reads a speculators file's last slot.")
 @click.option("--tokenizer", help="Local tokenizer (directory or .gguf) to decode token spans only one side has.")
 @click.option("--html", "html_out", type=click.Path(dir_okay=False), help="Write a self-contained HTML report.")
 @click.option("--png", "png_dir", type=click.Path(file_okay=False), help="Write the heatmap and per-token plots as PNG here.")
@@ -30,7 +33,8 @@ from consistency.escape import json_log, term
 @click.option("--force", is_flag=True, help="Overwrite existing report files.")
 def compare(reference: str, candidate: str, contract: str | None, json_out: str | None, rtol: float | None,
             atol: float | None, threshold: float | None, tolerance: tuple[str, ...], layer_ids: str | None,
-            ref_layer_ids: str | None, cand_layer_ids: str | None, convention: str | None, tokenizer: str | None,
+            ref_layer_ids: str | None, cand_layer_ids: str | None, convention: str | None, consumer: str | None,
+            tokenizer: str | None,
             html_out: str | None, png_dir: str | None, quiet: bool, show_ok: bool, force: bool) -> None:
     """Compare REFERENCE (what the draft was trained on) with CANDIDATE (what it is fed).
 
@@ -59,7 +63,7 @@ def compare(reference: str, candidate: str, contract: str | None, json_out: str 
         progress = factory()
     req = CompareRequest.build(reference, candidate, contract=contract, rtol=rtol, atol=atol, threshold=threshold,
                                tolerance=tolerance, layer_ids=layer_ids, ref_layer_ids=ref_layer_ids,
-                               cand_layer_ids=cand_layer_ids, convention=convention, tokenizer=tokenizer,
+                               cand_layer_ids=cand_layer_ids, convention=convention, consumer=consumer, tokenizer=tokenizer,
                                progress=progress)
     rep = run_request(req)
     if json_out == "-":

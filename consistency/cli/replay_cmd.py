@@ -65,29 +65,18 @@ def replay(reference: str, candidate: str, draft: str, target: str | None, steps
     that do not belong together: a --target the dumps were not recorded on, REFERENCE and
     CANDIDATE swapped, dumps of different tokens.
     """
-    import math
-
-    from consistency.diagnose.pipeline import parse_ids
     from consistency.dump.atomic import check_writable, write_text_atomic
-    from consistency.replay.api import check_inputs
+    from consistency.replay.request import ReplayRequest, run
 
-    if not max_drop >= 0 or math.isinf(max_drop):
-        raise UsageError(f"--max-drop-points must be a finite number >= 0, got {max_drop}")
-    if min_acceptance is not None and not 0.0 <= min_acceptance <= 1.0:
-        raise UsageError(f"--min-acceptance is a fraction between 0 and 1, got {min_acceptance}")
-    if steps is not None and not 1 <= steps <= 64:
-        raise UsageError(f"--steps must be between 1 and 64, got {steps}")
+    req = ReplayRequest.build(draft, reference, candidate, target=target, steps=steps, max_drop_points=max_drop,
+                              min_acceptance=min_acceptance, feed=feed, labels=labels, overrides=parse_sets(sets),
+                              layer_ids=layer_ids, convention=convention, method=method)
     if json_out and json_out != "-":
         check_writable(json_out, force)
-    ids = parse_ids(layer_ids)
-    check_inputs(reference, candidate, layer_ids=ids, convention=convention)  # before torch loads
-    from consistency.replay.assets import resolve_draft
-    from consistency.replay.engine import run_replay
     from consistency.replay.text import render
     from consistency.report.text import console
 
-    rep = run_replay(resolve_draft(draft), target, reference, candidate, steps, max_drop, feed, labels, parse_sets(sets),
-                     min_acceptance, ids, convention, method)
+    rep = run(req)
     text = rep.model_dump_json(indent=2)
     if json_out == "-":
         from consistency.escape import json_log

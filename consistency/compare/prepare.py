@@ -25,6 +25,8 @@ are returned *unrestricted* (the engine then fails on shapes or values on its ow
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -67,16 +69,64 @@ def prepare(ref: Dump, cand: Dump, tokenizer: Any = None, *,
     else:
         al = align(rs, cs, tokenizer)
     al.notes = ref_lay.notes + cand_lay.notes + al.notes
+    al.stitching = {side: lay.verify.as_dict() for side, lay in (("reference", ref_lay), ("candidate", cand_lay))
+                    if lay.verify.any}
     if al.method == "none" or _whole(al, ref_lay, cand_lay):
         return ref_v, cand_v, al
     keep = np.ones(al.compared, bool)
-    if same_context_only and al.context_differs and al.same_context_rows:
-        keep = ~al.context
-        al.only_same_context = True
-        al.notes.append(f"compared only the {int(keep.sum())} tokens whose context is the same on both sides")
+    unknown = al.unknown if len(al.unknown) == al.compared else np.zeros(al.compared, bool)
+    if same_context_only and al.context_differs and int((~al.context | unknown).sum()) < al.compared \
+            and al.same_context_rows:
+        keep = ~al.context | unknown  # tokens whose context is unproven are compared: their values decide
+        al.only_same_context = not unknown.any()
+        al.notes.append(f"compared only the {int(keep.sum())} tokens whose context is the same on both sides"
+                        + (" or unproven" if unknown.any() else ""))
     ref_out = restrict(ref_v, al.ref_rows[keep], ref_lay.tokens, "aligned tokens")
     cand_out = restrict(cand_v, al.cand_rows[keep], cand_lay.tokens, "aligned tokens")
     return ref_out, cand_out, al
+
+
+def context_by_values(al: TokenAlignment, results: Iterable[Any]) -> TokenAlignment:
+    """A capture without positions that lacks the reference's first tokens (a prefix-cache
+    hit, or a prompt really cut short): the values decide. A deep state equal to the
+    reference's at the same tokens within noise saw the same context (a different context
+    moves every later state), so the unproven tokens' context is the same and the missing
+    prefix was in the candidate's cache. Embedding-only evidence (stream 0) proves nothing.
+    Returns ``al`` unchanged when nothing is unproven or the values do not prove it."""
+    unknown = al.unknown if len(al.unknown) == al.compared else np.zeros(al.compared, bool)
+    if not unknown.any():
+        return al
+    results = list(results)
+    proof = [r for r in results if _within_noise(r) and _context_dependent(r)]
+    if not proof:
+        from consistency.compare.types import CHECKED
+
+        read = any(r.status in CHECKED and r.holds_stream != 0 and r.cand.is_float for r in results)
+        return replace(al, prefix_values="differ") if read else al
+    starts = [s for s in al.missing if s.where in ("start", "whole")]
+    out = replace(al, context=al.context & ~unknown, unknown=np.zeros_like(unknown),
+                  missing=[s for s in al.missing if s not in starts], uncaptured=al.uncaptured + starts,
+                  not_captured=al.not_captured + sum(s.length for s in starts),
+                  cached_by_values=sum(s.length for s in starts), notes=list(al.notes), prefix_values="same")
+    shown = ", ".join(sorted({str(r.name) for r in proof})[:4])
+    out.notes.append(f"the candidate records no positions; its states equal the reference's at the same tokens "
+                     f"within noise ({shown}), so they saw the same context: a prefix-cache hit")
+    return out
+
+
+def _context_dependent(r: Any) -> bool:
+    """A float state that depends on earlier tokens: not ids, not an embedding row."""
+    from consistency.dump import names
+
+    if r.holds is None or not r.cand.is_float or r.cand.cols < 2 or r.holds_stream == 0:
+        return False
+    return names.parse(r.holds).kind not in (names.DRAFT_EMBED, names.DRAFT_IDS, names.INPUT_IDS)
+
+
+def _within_noise(r: Any) -> bool:
+    from consistency.compare.types import Status
+
+    return (r.status == Status.ok and not r.tolerated) or bool(r.matched)
 
 
 def _whole(al: TokenAlignment, ref_lay: Layout, cand_lay: Layout) -> bool:

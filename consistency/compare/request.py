@@ -32,6 +32,7 @@ class CompareRequest:
     ref_layer_ids: Ids = None  # ids describing the reference (declared; its own claims outrank them)
     cand_layer_ids: Ids = None  # ids describing the candidate (compared with its values, never trusted)
     convention: str | None = None  # the convention the ids are written in
+    consumer: str | None = None  # the draft the user declares (eagle3, mtp, eagle1, medusa): how it reads its input
     tokenizer: Any = None  # a tokenizer or a local path: only decodes unaligned spans
     progress: Callable[..., Any] | None = None  # (label, total) -> tick
 
@@ -67,6 +68,14 @@ class CompareRequest:
             from consistency.contract.resolve import check_spec
 
             check_spec(conv, "convention")
+        consumer = options.get("consumer")
+        if consumer is not None:
+            from consistency.contract.models import Consumer
+
+            kinds = {"eagle3": Consumer.eagle3_aux.value} | {c.value: c.value for c in Consumer}
+            if not isinstance(consumer, str) or consumer not in kinds:
+                raise UsageError(f"consumer: expected one of {', '.join(sorted(kinds))}, got {consumer!r}")
+            options["consumer"] = kinds[consumer]
         progress = options.get("progress")
         options["progress"] = progress if callable(progress) else None
         return cls(reference, candidate, **options)

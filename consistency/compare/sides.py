@@ -28,6 +28,13 @@ def hidden_width(d: Dump) -> int | None:
     return None
 
 
+def declared_consumer_of(kind: str) -> ConsumerSpec:
+    """A method's name ("mtp") as that method's majority serving behaviour."""
+    k = Consumer(kind)
+    rows = [r for r in consumers.rows(k) if r.side == "serving" and r.max_version is None]
+    return rows[0].spec() if rows else ConsumerSpec(kind=k)
+
+
 def declared_consumer(d: Dump) -> ConsumerSpec | None:
     """``metadata.extra["consumer"]``: a ConsumerSpec object, or a kind ("mtp") read as that
     method's majority serving behaviour. Untrusted: anything else is ignored."""
@@ -36,9 +43,7 @@ def declared_consumer(d: Dump) -> ConsumerSpec | None:
         if isinstance(raw, dict):
             return ConsumerSpec.model_validate(raw)
         if isinstance(raw, str):
-            kind = Consumer(raw)
-            rows = [r for r in consumers.rows(kind) if r.side == "serving" and r.max_version is None]
-            return rows[0].spec() if rows else ConsumerSpec(kind=kind)
+            return declared_consumer_of(raw)
     except (ValidationError, ValueError):
         return None
     return None

@@ -23,18 +23,12 @@ a suffix capture whose positions continue the reference's has the same context.
 
 from __future__ import annotations
 
-import difflib
-from bisect import bisect_left
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-MIN_BLOCK = 4  # shorter matching blocks are coincidence, unless a sequence is that short
-DIFFLIB_CELLS = 4_096  # gaps larger than this (len a * len b) are split on unique anchors first
-SMALL = 24  # gaps this short on both sides go straight to difflib
-MIN_COVER = 0.2  # an alignment covers at least this share of the shorter side ...
-LONG_BLOCK = 64  # ... or holds one run this long; else the sides share no prompt
+from consistency.compare.matching import MIN_BLOCK, match  # noqa: F401 - re-exported (replay, bench, tests)
 
 
 @dataclass
@@ -45,7 +39,7 @@ class Span:
     segment: str
     start: int  # rows of that side's stitched token axis
     stop: int
-    where: str  # 'start', 'end' or 'middle' of its request
+    where: str  # 'start', 'end', 'middle' of its request, or 'whole'
     ids: list[int]
     positions: list[int] | None = None
     text: str | None = None  # decoded, when a tokenizer is at hand (untrusted: escape when shown)
@@ -57,6 +51,19 @@ class Span:
 
 
 @dataclass
+class Replacement:
+    """Both sides hold other tokens at the same place: a sampled continuation (at the end),
+    an edit (in the middle), another preamble (at the start). Neither span is compared."""
+
+    ref: Span
+    cand: Span
+
+    @property
+    def where(self) -> str:
+        return self.cand.where if self.cand.where == self.ref.where else self.ref.where
+
+
+@dataclass
 class TokenAlignment:
     ref_rows: np.ndarray  # aligned pairs: reference row i <-> candidate row j
     cand_rows: np.ndarray
@@ -65,8 +72,14 @@ class TokenAlignment:
     method: str  # identical, offset, diff, positions, rows, none
     extra: list[Span] = field(default_factory=list)  # candidate tokens the reference lacks
     missing: list[Span] = field(default_factory=list)  # reference tokens the candidate lacks
+    replaced: list[Replacement] = field(default_factory=list)  # both sides differ at one place
     context: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))  # per pair: context differs
-    not_captured: int = 0  # reference tokens before a suffix capture that the candidate had in its cache
+    unknown: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))  # per pair: context unproven (no positions)
+    not_captured: int = 0  # reference tokens the candidate had in its context but did not record
+    uncaptured: list[Span] = field(default_factory=list)  # those tokens: a prefix cache, a gap its positions jump
+    cached_by_values: int = 0  # of them, tokens only the values proved cached (a capture without positions)
+    prefix_values: str = ""  # unproven contexts after the values were read: "same", "differ" ("": not read)
+    stitching: dict[str, Any] = field(default_factory=dict)  # side -> what stitching did (verify passes)
     notes: list[str] = field(default_factory=list)
     ids_checked: bool = True  # False when one side had no input_ids (paired by position or row)
     only_same_context: bool = False  # prepare(same_context_only=True) kept only same-context tokens
@@ -88,186 +101,19 @@ class TokenAlignment:
         return {"method": self.method, "reference_tokens": self.ref_tokens, "candidate_tokens": self.cand_tokens,
                 "compared": self.compared, "same_context": self.same_context_rows,
                 "context_differs": self.context_differs, "not_captured": self.not_captured,
+                "not_captured_spans": [_span_json(s) for s in self.uncaptured],
+                "cached_by_values": self.cached_by_values,
                 "ids_checked": self.ids_checked, "notes": list(self.notes),
-                "extra": [_span_json(s) for s in self.extra], "missing": [_span_json(s) for s in self.missing]}
+                "extra": [_span_json(s) for s in self.extra], "missing": [_span_json(s) for s in self.missing],
+                "replaced": [{"where": r.where, "reference": _span_json(r.ref), "candidate": _span_json(r.cand)}
+                             for r in self.replaced],
+                "stitching": dict(self.stitching)}
 
 
 def _span_json(s: Span) -> dict[str, Any]:
     return {"side": s.side, "segment": s.segment, "start": s.start, "stop": s.stop, "where": s.where,
             "ids": s.ids[:64], "positions": (s.positions or [])[:1] + (s.positions or [])[-1:], "text": s.text,
             "special": s.special}
-
-
-# -- sequence matching ----------------------------------------------------------------------
-
-def _find(hay: np.ndarray, needle: np.ndarray) -> int:
-    """First offset of ``needle`` inside ``hay`` (both int64), or -1."""
-    if len(needle) == 0 or len(needle) > len(hay):
-        return -1
-    hb, nb = hay.astype("<i8").tobytes(), needle.astype("<i8").tobytes()
-    at = hb.find(nb)
-    while at != -1 and at % 8:
-        at = hb.find(nb, at + 1)
-    return at // 8 if at != -1 else -1
-
-
-def _common_prefix(a: np.ndarray, b: np.ndarray) -> int:
-    n = min(len(a), len(b))
-    if n == 0:
-        return 0
-    ne = np.flatnonzero(a[:n] != b[:n])
-    return int(ne[0]) if len(ne) else n
-
-
-def _common_suffix(a: np.ndarray, b: np.ndarray) -> int:
-    return _common_prefix(a[::-1], b[::-1])
-
-
-def _lis(seq: list[int]) -> list[int]:
-    """Indices of a longest strictly increasing subsequence of ``seq`` (patience sorting)."""
-    tails: list[int] = []
-    tails_at: list[int] = []
-    prev = [-1] * len(seq)
-    for i, x in enumerate(seq):
-        k = bisect_left(tails, x)
-        if k == len(tails):
-            tails.append(x)
-            tails_at.append(i)
-        else:
-            tails[k] = x
-            tails_at[k] = i
-        prev[i] = tails_at[k - 1] if k else -1
-    out, i = [], tails_at[-1] if tails_at else -1
-    while i != -1:
-        out.append(i)
-        i = prev[i]
-    return out[::-1]
-
-
-def _unique_anchors(a: np.ndarray, b: np.ndarray) -> list[tuple[int, int]]:
-    """(i, j) where a[i] == b[j] and that id occurs once in a and once in b, in LIS order."""
-    va, ia, ca = np.unique(a, return_index=True, return_counts=True)
-    vb, ib, cb = np.unique(b, return_index=True, return_counts=True)
-    ua, ub = va[ca == 1], vb[cb == 1]
-    common, xa, xb = np.intersect1d(ua, ub, assume_unique=True, return_indices=True)
-    if len(common) == 0:
-        return []
-    pa = ia[ca == 1][xa]
-    pb = ib[cb == 1][xb]
-    order = np.argsort(pa)
-    pa, pb = pa[order], pb[order]
-    keep = _lis(pb.tolist())
-    return [(int(pa[k]), int(pb[k])) for k in keep]
-
-
-def _blocks(a: np.ndarray, b: np.ndarray, ao: int, bo: int, out: list[tuple[int, int, int]], depth: int = 0) -> None:
-    """Matching blocks (i, j, n) of a vs b, offset by (ao, bo), appended in order."""
-    if len(a) == 0 or len(b) == 0:
-        return
-    if len(a) <= SMALL and len(b) <= SMALL:  # tiny gaps (between anchors): plain Python is faster
-        _small(a.tolist(), b.tolist(), ao, bo, out)
-        return
-    p = _common_prefix(a, b)
-    if p:
-        out.append((ao, bo, p))
-        _blocks(a[p:], b[p:], ao + p, bo + p, out, depth)
-        return
-    s = _common_suffix(a, b)
-    if s:
-        _blocks(a[:len(a) - s], b[:len(b) - s], ao, bo, out, depth)
-        out.append((ao + len(a) - s, bo + len(b) - s, s))
-        return
-    if len(a) * len(b) <= DIFFLIB_CELLS or depth > 12:
-        if len(a) * len(b) > DIFFLIB_CELLS:
-            return  # a large region with no unique common id: treated as replaced whole
-        sm = difflib.SequenceMatcher(None, a.tolist(), b.tolist(), autojunk=False)
-        out.extend((ao + i, bo + j, n) for i, j, n in sm.get_matching_blocks() if n)
-        return
-    anchors = _unique_anchors(a, b)
-    if not anchors:
-        return
-    ai = np.asarray([x for x, _y in anchors], np.int64)
-    aj = np.asarray([y for _x, y in anchors], np.int64)
-    cut = np.flatnonzero((np.diff(ai) != 1) | (np.diff(aj) != 1)) + 1  # runs of adjacent anchors
-    starts, stops = np.concatenate(([0], cut)), np.concatenate((cut, [len(ai)]))
-    pi, pj = 0, 0
-    for s0, s1 in zip(starts.tolist(), stops.tolist(), strict=True):
-        i, j, n = int(ai[s0]), int(aj[s0]), s1 - s0
-        _blocks(a[pi:i], b[pj:j], ao + pi, bo + pj, out, depth + 1)
-        out.append((ao + i, bo + j, n))
-        pi, pj = i + n, j + n
-    _blocks(a[pi:], b[pj:], ao + pi, bo + pj, out, depth + 1)
-
-
-def _small(a: list[int], b: list[int], ao: int, bo: int, out: list[tuple[int, int, int]]) -> None:
-    p = 0
-    while p < len(a) and p < len(b) and a[p] == b[p]:
-        p += 1
-    q = 0
-    while q < len(a) - p and q < len(b) - p and a[len(a) - 1 - q] == b[len(b) - 1 - q]:
-        q += 1
-    if p:
-        out.append((ao, bo, p))
-    mid_a, mid_b = a[p:len(a) - q], b[p:len(b) - q]
-    if mid_a and mid_b:
-        sm = difflib.SequenceMatcher(None, mid_a, mid_b, autojunk=False)
-        out.extend((ao + p + i, bo + p + j, n) for i, j, n in sm.get_matching_blocks() if n)
-    if q:
-        out.append((ao + len(a) - q, bo + len(b) - q, q))
-
-
-def _merge(blocks: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
-    out: list[tuple[int, int, int]] = []
-    for i, j, n in sorted(blocks):
-        if out and out[-1][0] + out[-1][2] == i and out[-1][1] + out[-1][2] == j:
-            out[-1] = (out[-1][0], out[-1][1], out[-1][2] + n)
-        else:
-            out.append((i, j, n))
-    return out
-
-
-def _ngram_cover(a: np.ndarray, b: np.ndarray, n: int = MIN_BLOCK) -> int:
-    """An upper bound on the tokens any kept alignment can hold: n times the number of b's
-    n-grams that also occur in a (hash collisions only raise it, so it stays a bound)."""
-    if len(a) < n or len(b) < n:
-        return min(len(a), len(b))
-
-    def grams(x: np.ndarray) -> np.ndarray:
-        h = np.zeros(len(x) - n + 1, np.uint64)
-        with np.errstate(over="ignore"):
-            for k in range(n):
-                h = h * np.uint64(0x9E3779B97F4A7C15) + x[k:len(x) - n + 1 + k].astype(np.uint64)
-        return h
-
-    return int(np.isin(grams(b), grams(a)).sum()) * n
-
-
-def match(a: np.ndarray, b: np.ndarray) -> tuple[str, list[tuple[int, int, int]]]:
-    """(method, matching blocks) of id sequences ``a`` (reference) and ``b`` (candidate)."""
-    a, b = np.asarray(a, np.int64).reshape(-1), np.asarray(b, np.int64).reshape(-1)
-    if len(a) == 0 or len(b) == 0:
-        return "none", []
-    if len(a) == len(b) and np.array_equal(a, b):
-        return "identical", [(0, 0, len(a))]
-    if len(b) <= len(a):
-        o = _find(a, b)
-        if o >= 0:
-            return "offset", [(o, 0, len(b))]
-    else:
-        o = _find(b, a)
-        if o >= 0:
-            return "offset", [(0, o, len(a))]
-    if _ngram_cover(a, b) < MIN_COVER * min(len(a), len(b)):
-        return "none", []  # not enough shared 4-grams for any alignment to be kept: skip the diff
-    raw: list[tuple[int, int, int]] = []
-    _blocks(a, b, 0, 0, raw)
-    blocks = _merge(raw)
-    floor = min(MIN_BLOCK, len(a), len(b))
-    blocks = [blk for blk in blocks if blk[2] >= floor]
-    got = sum(n for _i, _j, n in blocks)
-    if got < MIN_COVER * min(len(a), len(b)) and max((n for _i, _j, n in blocks), default=0) < LONG_BLOCK:
-        return "none", []  # a few shared n-grams (" of the") between different prompts are not an alignment
-    return ("diff" if blocks else "none"), blocks
 
 
 # -- alignment of stitched sides --------------------------------------------------------------
@@ -288,6 +134,7 @@ def align(ref: Side, cand: Side, tokenizer: Any = None) -> TokenAlignment:
     rr: list[np.ndarray] = []
     cr: list[np.ndarray] = []
     ctx: list[np.ndarray] = []
+    unk: list[np.ndarray] = []
     out = TokenAlignment(np.zeros(0, np.int64), np.zeros(0, np.int64), len(ref.ids), len(cand.ids), "none")
     methods: list[str] = []
     used_ref: set[int] = set()
@@ -306,15 +153,17 @@ def align(ref: Side, cand: Side, tokenizer: Any = None) -> TokenAlignment:
         used_ref.add(rs)
         methods.append(method)
         r0, r1 = ref.bounds[rs]
-        pairs_r, pairs_c, differs = _pairs(ref, cand, rs, cs, blocks, out, tokenizer)
+        pairs_r, pairs_c, differs, unproven = _pairs(ref, cand, rs, cs, blocks, out, tokenizer)
         rr.append(pairs_r)
         cr.append(pairs_c)
         ctx.append(differs)
+        unk.append(unproven)
     for rs, (r0, r1) in enumerate(ref.bounds):
         if rs not in used_ref and r1 > r0 and len(cand.bounds) and len(ref.bounds) > 1:
             out.notes.append(f"reference {ref.labels[rs]} ({r1 - r0} tokens) matches no candidate request")
     if rr:
         out.ref_rows, out.cand_rows, out.context = np.concatenate(rr), np.concatenate(cr), np.concatenate(ctx)
+        out.unknown = np.concatenate(unk)
     out.method = methods[0] if len(set(methods)) == 1 else ("mixed" if methods else "none")
     return out
 
@@ -326,25 +175,46 @@ def _pos(side: Side, row: int, seg: int) -> int:
 
 
 def _pairs(ref: Side, cand: Side, rs: int, cs: int, blocks: list[tuple[int, int, int]], out: TokenAlignment,
-           tokenizer: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Row pairs of one segment pair, the unaligned spans around them, and the context flags."""
+           tokenizer: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Row pairs of one segment pair, the unaligned spans around them, and per pair whether
+    its context differs and whether that is only unproven (nothing recorded the positions).
+
+    Reference tokens the candidate lacks do not change the candidate's context when its own
+    positions say it had them (they continue across the gap): a prefix cache, a token held
+    by another data-parallel rank, a pass not captured. Without candidate positions, a
+    missing prefix is unproven: the values decide (compare.prepare.context_by_values)."""
     r0, r1 = ref.bounds[rs]
     c0, c1 = cand.bounds[cs]
-    pr, pc, differs = [], [], []
+    pr, pc, differs, unproven = [], [], [], []
     ri, ci = 0, 0  # next unconsumed token in each segment
     changed = False  # an insertion/deletion/replacement inside the captured tokens so far
+    unsure = False  # tokens in front only the reference has, and no candidate positions to tell
+    definite = False  # a change the values cannot undo (tokens the candidate has and the reference lacks, ...)
     for k, (i, j, n) in enumerate(blocks + [(r1 - r0, c1 - c0, 0)]):
         first, last = k == 0, n == 0
-        if i > ri:
-            sp = _span(ref, rs, ri, i, tokenizer, "end" if last else ("start" if first else "middle"))
-            if first and j == 0 and _pos(cand, c0, cs) == _pos(ref, r0 + i, rs) and _pos(cand, c0, cs) > 0:
-                out.not_captured += sp.length  # the candidate's own positions say it had these in its cache
-            else:
-                out.missing.append(sp)
-                changed = changed or not last  # tokens before the next aligned ones differ
-        if j > ci:
-            out.extra.append(_span(cand, cs, ci, j, tokenizer, "end" if last else ("start" if first else "middle")))
+        where = "end" if last else ("start" if first else "middle")
+        ref_gap = _span(ref, rs, ri, i, tokenizer, where) if i > ri else None
+        cand_gap = _span(cand, cs, ci, j, tokenizer, where) if j > ci else None
+        if ref_gap is not None and cand_gap is not None:
+            out.replaced.append(Replacement(ref_gap, cand_gap))
             changed = changed or not last
+            definite = definite or not last
+        elif ref_gap is not None:
+            if not last and cand.positions is not None and _pos(cand, c0 + j, cs) == _pos(ref, r0 + i, rs) and \
+                    (not first or _pos(cand, c0, cs) > 0):
+                out.not_captured += ref_gap.length  # the candidate's positions continue across: it had these
+                out.uncaptured.append(ref_gap)
+            elif first and j == 0 and cand.positions is None:
+                out.missing.append(ref_gap)
+                changed, unsure = True, True  # a prefix cache or a truncated prompt: the values tell
+            else:
+                out.missing.append(ref_gap)
+                changed = changed or not last  # tokens before the next aligned ones differ
+                definite = definite or not last
+        elif cand_gap is not None:
+            out.extra.append(cand_gap)
+            changed = changed or not last
+            definite = definite or not last
         if n:
             rows_r = np.arange(r0 + i, r0 + i + n)
             rows_c = np.arange(c0 + j, c0 + j + n)
@@ -352,11 +222,13 @@ def _pairs(ref: Side, cand: Side, rs: int, cs: int, blocks: list[tuple[int, int,
             pos_c = cand.positions[rows_c] if cand.positions is not None else rows_c - c0
             pr.append(rows_r)
             pc.append(rows_c)
-            differs.append((pos_r != pos_c) | changed)
+            d = (pos_r != pos_c) | changed
+            differs.append(d)
+            unproven.append(d & (unsure and not definite))
         ri, ci = i + n, j + n
     if not pr:
-        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, bool)
-    return np.concatenate(pr), np.concatenate(pc), np.concatenate(differs)
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, bool), np.zeros(0, bool)
+    return np.concatenate(pr), np.concatenate(pc), np.concatenate(differs), np.concatenate(unproven)
 
 
 def _span(side: Side, seg: int, a: int, b: int, tokenizer: Any, where: str = "start") -> Span:

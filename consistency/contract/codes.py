@@ -130,6 +130,18 @@ CODES: dict[str, CodeSpec] = {c.code: c for c in (
          "apply the same chat template, system prompt and BOS on both sides (training data generation and serving); "
          "do not read the resulting drift as a layer or norm problem",
          "SpecForge issue #296"),
+    Code("TOKENS_REPLACED", _W, "both sides hold other tokens at the same place: a sampled continuation (at the "
+         "end), an edit (in the middle), another preamble (at the start); neither span is compared",
+         "nothing for a sampled continuation (the tokens before it are compared); otherwise record both sides on the "
+         "same text", "issue 26: a server sampling another answer from position 30"),
+    Code("NOT_CAPTURED", _I, "reference tokens the candidate had in its context but did not record: a prefix-cache "
+         "hit, a token another data-parallel rank holds, a gap its positions jump over",
+         "nothing: the tokens after them saw the same context (the candidate's positions or its values show it)",
+         "issue 26: prefix-cache hits with and without positions"),
+    Code("VERIFY_PASSES", _I, "a speculative server's verify passes recomputed rejected drafts: the superseded rows "
+         "(and the last pass's unconfirmed or ambiguous ones) were not compared",
+         "nothing: the rows of accepted tokens are compared; record a request to its end to confirm the last drafts",
+         "SGLang speculative/eagle_worker.py verify (accepted prefix + bonus token); vLLM v1 rejection_sampler.py"),
     Code("NO_COMMON_TOKENS", _E, "the two sides share no run of tokens (different prompts): nothing can be compared",
          "record both sides on the same prompt (the same input_ids)",
          "SGLang 0.5.23's comparator (--token-aligner smart) reports PASS after comparing 0 tokens (issue 14)"),
@@ -258,7 +270,7 @@ _PROPERTIES: dict[str, dict[str, object]] = {
     "UNKNOWN": {"consequence": ("stream", "step"), "context_sensitive": True},
     "NUMERIC_DRIFT": {"consequence": ("stream", "step"), "context_sensitive": True},
     "MISMATCH": {"consequence": ("stream", "step"), "context_sensitive": True},
-    "BAD_TOKENS": {"consequence": ("stream", "step")},
+    "BAD_TOKENS": {"consequence": ("stream", "step"), "context_sensitive": True},
     "SHAPE_MISMATCH": {"consequence": ("step",)},
     "LAYER_MISMATCH": {"context_sensitive": True, "hidden_input": True, "echo": True},
     "LAYER_OFFSET": {"context_sensitive": True},
@@ -283,6 +295,7 @@ _PROPERTIES: dict[str, dict[str, object]] = {
     "SIDES_SWAPPED": {"leads": True},
     "STAGE_MISSING": {"leads": True},
     "CONTRACT_CONFLICT": {"leads": True},
+    "TOKEN_UNOWNED": {"leads": True},  # a layout fact: it explains the tokens the merged dump lacks
     "CAPTURES_DROPPED": {"leads": True, "unchecked": True},
     "STALE_ROWS": {"context_sensitive": True},
 }

@@ -118,19 +118,25 @@ def check_spec(spec: str, flag: str = "--convention", architecture: str | None =
         raise UsageError(f"{flag} {spec!r}: {str(exc).strip(chr(39) + chr(34))}") from None
 
 
+def _few(xs: Sequence[int], n: int = 8) -> str:
+    """A list for a one-line message: the first few and how many in all."""
+    xs = list(xs)
+    return str(xs) if len(xs) <= n else f"[{', '.join(map(str, xs[:n]))}, ... ({len(xs)} in all)]"
+
+
 def check_streams(native: Sequence[int], streams: Sequence[int], n: int | None, slots: int | None = None,
                   what: str = "--layer-ids", spec: str = "") -> None:
     """Streams a user named must exist: 0..N for an N-layer target, one per slot, none twice."""
     under = f" under {spec}" if spec else ""
     if slots is not None and len(native) < slots:  # one more (the last state, N) is what speculators records
-        raise UsageError(f"{what} {list(native)}: {len(native)} id(s) for {slots} aux slot(s); give one id per slot")
+        raise UsageError(f"{what} {_few(native)}: {len(native)} id(s) for {slots} aux slot(s); give one id per slot")
     if any(s < 0 for s in streams) or (n is not None and any(s > n for s in streams)):
         valid = f"0..{n} for a {n}-layer target" if n is not None else "0 or more"
         bad = [j for j, s in zip(native, streams) if s < 0 or (n is not None and s > n)]
-        raise UsageError(f"{what} {list(native)}{under} give streams {list(streams)}; ids {bad} fall outside the "
-                         f"valid streams ({valid})")
+        raise UsageError(f"{what} {_few(native)}{under} give streams {_few(streams)}; ids {_few(bad)} fall outside "
+                         f"the valid streams ({valid})")
     if len(set(streams)) != len(streams):
-        raise UsageError(f"{what} {list(native)}{under} name the same stream twice ({list(streams)})")
+        raise UsageError(f"{what} {_few(native)}{under} name the same stream twice ({_few(streams)})")
 
 
 def describe_streams(streams: Sequence[int], num_layers: int | None) -> list[str]:

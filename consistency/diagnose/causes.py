@@ -19,7 +19,7 @@ import numpy as np
 
 from consistency.compare.engine import Comparison, Result, Status
 from consistency.contract.findings import Finding, with_property
-from consistency.diagnose import shards, thin
+from consistency.diagnose import rownames, shards, thin
 from consistency.diagnose.evidence import Evidence
 from consistency.diagnose.rootcause import fold_consequences
 from consistency.dump import names
@@ -44,21 +44,21 @@ def bad_tokens(ev: Evidence, r: Result, label: str, base: dict, metrics: dict) -
     m = r.metrics
     assert m is not None and m.per_row is not None and r.floor is not None
     rows = r.bad_tokens
-    seq = r.cand.shape[-2] if len(r.cand.shape) >= 2 else r.cand.rows
-    positions = sorted({i % seq for i in rows}) if seq else rows
+    found = rownames.locate(ev.cmp, r, rows[:256])
+    positions = sorted(rownames.positions(found))
     zero = _zero_among(r, rows)
     worst = max(float(m.per_row[i]) for i in rows)
     what = f"{len(rows)} of {m.per_row.size} token rows differ far beyond the floor (worst token rel_diff " \
-           f"{worst:.3g}, > {r.floor * 10:.2g}) while the rest agree: rows {_fmt_rows(rows)}"
-    if positions != rows:
-        what += f" (sequence positions {_fmt_rows(positions)})"
+           f"{worst:.3g}, > {r.floor * 10:.2g}) while the rest agree: compared rows {_fmt_rows(rows)}"
+    if not rownames.identity(r, found, rows[:256]):
+        what += f" -- in the files: {rownames.sentence(ev.cmp, r, rows[:256], found)}"
     if zero:
         what += f"; {len(zero)} of them are all zeros"
     if 0 in positions:
         what += "; position 0 is among them (BOS handling, the first token's embedding)"
     return Finding.make("BAD_TOKENS", f"{label}: {what}", identified_as=r.holds, metrics=metrics,
                         evidence={"token_rows": rows[:256], "count": len(rows), "positions": positions[:256],
-                                  "zero_rows": zero[:256]}, **base)
+                                  "zero_rows": zero[:256], "rows_in_files": rownames.evidence(found)}, **base)
 
 
 SHARD_SUM_FLOORS = 3.0  # rank files: their sum must come within 3 floors of the expected tensor

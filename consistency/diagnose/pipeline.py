@@ -8,6 +8,7 @@ another command).
 from __future__ import annotations
 
 import os
+from contextlib import ExitStack
 from typing import TYPE_CHECKING, Any
 
 from consistency.contract.ids import parse_ids  # noqa: F401 - re-exported for the CLI
@@ -42,7 +43,7 @@ def run_request(req: CompareRequest) -> CompareReport:
     prefill, decode steps) are stitched and the two sides' tokens aligned by ``input_ids``
     first; ``tokenizer`` (an object or a local path) only decodes unaligned spans."""
     from consistency.compare.engine import compare
-    from consistency.compare.prepare import prepare
+    from consistency.compare.prepare import context_by_values, prepare
     from consistency.diagnose import tokens as token_words
     from consistency.diagnose.engine import explain
     from consistency.diagnose.report import build
@@ -55,14 +56,18 @@ def run_request(req: CompareRequest) -> CompareReport:
     cand_ids = list(req.cand_layer_ids) if req.cand_layer_ids is not None else None
     conv = req.convention
     notes: list[str] = []
-    with open_side(req.reference, ref_ids if ref_ids is not None else ids, conv) as ref, \
-            open_side(req.candidate, cand_ids if cand_ids is not None else ids, conv) as cand:
+    with ExitStack() as stack:
+        ref = stack.enter_context(open_side(req.reference, ref_ids if ref_ids is not None else ids, conv))
+        cand = stack.enter_context(open_side(req.candidate, cand_ids if cand_ids is not None else ids, conv))
         declared, dnotes = declare_ids(ref, ids, ref_ids, conv)
         notes += dnotes + apply_ids(cand, ids, cand_ids, conv, "--cand-layer-ids")
         if con is not None:
             from consistency.compare.plan import declared_from_contract
 
             declared = declared_from_contract(con)[0]
+        declared = with_consumer(declared, req.consumer)
+        ref, note = read_for(ref, declared, stack)
+        notes += note
         # stitch multi-capture names, align tokens by input_ids, compare only aligned rows
         tokenizer = req.tokenizer
         if isinstance(tokenizer, str):
@@ -73,10 +78,57 @@ def run_request(req: CompareRequest) -> CompareReport:
         drops = dropped(ref, "reference") + dropped(cand, "candidate")  # before stitching: the recorders' own words
         ref, cand, alignment = prepare(ref, cand, tokenizer, same_context_only=True)
         cmp = compare(ref, cand, con, tol, progress=req.progress, declared=declared)
+        alignment = context_by_values(alignment, cmp.results)  # a capture without positions: the values decide
         tok = token_words.findings(alignment, labels[0], labels[1], tokenizer)
         findings, st = explain(cmp)
         findings = drops + token_words.reconcile(findings, alignment, tok)  # an incomplete recording leads
+        notes += mtp_hint(cmp, declared)
         return build(cmp, findings, st, alignment, notes)
+
+
+def with_consumer(declared: Any, kind: str | None) -> Any:
+    """``--consumer KIND``: the draft the user declares, as that method's majority serving
+    behaviour (a contract's own consumer, when it names one, is kept)."""
+    if kind is None or declared.consumer is not None:
+        return declared
+    from dataclasses import replace
+
+    from consistency.compare.sides import declared_consumer_of
+
+    return replace(declared, consumer=declared_consumer_of(kind), origin=declared.origin or f"--consumer {kind}")
+
+
+def read_for(ref: Any, declared: Any, stack: ExitStack) -> tuple[Any, list[str]]:
+    """A training file two drafts read differently (speculators: EAGLE-3 the first slots, MTP
+    the last) is read the way the declared draft reads it."""
+    from consistency.compare.expect import LAST_STATE
+    from consistency.dump.formats.speculators import as_mtp
+
+    c = declared.consumer
+    if c is None or c.kind not in LAST_STATE:
+        return ref, []
+    out = as_mtp(ref)
+    if out is ref:
+        return ref, []
+    stack.callback(out.close)
+    return out, [f"{ref.path.name}: read as speculators MTP training data ({declared.origin or 'the contract'} "
+                 "declares an MTP draft): its last slot is the draft's input"]
+
+
+def mtp_hint(cmp: Any, declared: Any) -> list[str]:
+    """A speculators file of several slots read the EAGLE-3 way against a candidate whose one
+    slot holds the file's last slot: what speculators' MTP trainer feeds. The candidate
+    cannot decide that (its claims are never trusted); the user can, so say how."""
+    ref = cmp.ref
+    if getattr(ref, "format", None) != "speculators" or getattr(ref, "mtp_reading", True) or declared.consumer:
+        return []
+    slots = [r for r in cmp.results if r.slot is not None]
+    last = next((n for n in ref.tensors if n.startswith("hidden.") or n == "verifier_last_hidden_states"), None)
+    if len(slots) != 1 or last is None or slots[0].holds is None or slots[0].holds != cmp.canonical(last):
+        return []
+    return [f"{ref.path.name} is speculators training data read as EAGLE-3 (its first slots feed the draft); the "
+            f"candidate's one slot holds its last slot ({last}), which speculators' MTP trainer feeds an MTP draft: "
+            "if this draft is MTP, declare it (--consumer mtp) to verify it as one"]
 
 
 def declare_ids(d: Any, common: list[int] | None, own: list[int] | None, convention: str | None) -> tuple[Any, list[str]]:

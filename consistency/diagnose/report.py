@@ -53,7 +53,8 @@ def build(cmp: Comparison, findings: list[Finding], st: story_mod.Story | None =
             findings = findings + [Finding.make("METADATA_DIFF", f"metadata {d.path}: reference {d.reference!r}, "
                                                 f"candidate {d.candidate!r}")]
     token_errors = [f for f in findings if f.code in ("NO_COMMON_TOKENS", "CONTEXT_DIFFERS", "TOKENS_EXTRA",
-                                                       "TOKENS_MISSING") and f.severity == Severity.error]
+                                                       "TOKENS_MISSING", "TOKENS_REPLACED")
+                    and f.severity == Severity.error]
     demoted = alignment is not None and alignment.context_differs and not alignment.only_same_context
     summary = summary_mod.summarize(cmp, findings, st, token_errors[0] if token_errors else None, demoted)
     counts: dict[str, int] = {}

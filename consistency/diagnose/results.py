@@ -13,7 +13,7 @@ import math
 from consistency.compare.engine import DRIFT_TOKEN_CAP, Comparison, Result, Status
 from consistency.compare.tolerance import AMBIGUOUS_RATIO, DRIFT_ERROR_FACTOR
 from consistency.contract.findings import Finding, Severity
-from consistency.diagnose import causes, draft_steps, hypotheses, partial, stale, words
+from consistency.diagnose import causes, draft_steps, hypotheses, partial, rownames, stale, words
 from consistency.diagnose.evidence import Evidence, Explanation
 from consistency.dump import names
 
@@ -32,7 +32,7 @@ def finding(ev: Evidence, r: Result) -> tuple[list[Finding], int | None]:
     cmp = ev.cmp
     base = {"tensor": r.name, "expected": cmp.canonical(r.expected)}
     label = _slot_label(r)
-    metrics = r.metrics.as_dict(r.cand.shape) if r.metrics else {}
+    metrics = rownames.annotate(cmp, r, r.metrics.as_dict(r.cand.shape)) if r.metrics else {}
     if r.ident and r.ident.best:
         metrics["identification"] = _ident_dict(r)
     if r.floor is not None:
@@ -187,7 +187,8 @@ def _explain(ev: Evidence, r: Result, label: str, base: dict, metrics: dict) -> 
         near_other = f"; the nearest other stream is {gap:.2e} away" if gap else ""
         return [Finding.make("NUMERIC_DRIFT", f"{label} still holds {what} but differs by token rel_diff {d:.2e}, "
                              f"{d / r.floor:.0f}x its noise floor ({r.floor_why}){near_other}"
-                             + (f"; {r.metrics.mismatch_sentence(r.cand.shape)} (--rtol/--atol given)" if strict else ""),
+                             + (f"; {r.metrics.mismatch_sentence(r.cand.shape)}{rownames.at_max(ev.cmp, r)} "
+                                f"(--rtol/--atol given)" if strict else ""),
                              severity=sev, identified_as=r.holds or ev.cmp.canonical(r.expected), metrics=metrics,
                              **base)], r.expected_stream
     other = _matched_other(ev, r, label, base, metrics) or causes.zero_rows(ev, r, label, base, metrics)
@@ -197,7 +198,7 @@ def _explain(ev: Evidence, r: Result, label: str, base: dict, metrics: dict) -> 
     thin = causes.thin_note(ev, r)
     return [Finding.make("UNKNOWN", f"{label} differs from {ev.stream_name(r.expected or '')} (token rel_diff {d:.3g}, "
                          f"{d / r.floor:.0f}x its floor) and no explanation holds; nearest: {near or 'none'}.{thin} "
-                         f"{r.metrics.mismatch_sentence(r.cand.shape)}",
+                         f"{r.metrics.mismatch_sentence(r.cand.shape)}{rownames.at_max(ev.cmp, r)}",
                          identified_as=None, metrics=metrics, **base)], None
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from consistency.compare.tokens import Span, TokenAlignment
+from consistency.compare.tokens import Replacement, Span, TokenAlignment
 from consistency.contract.findings import Finding, Severity, with_property
 from consistency.dump import names
 from consistency.dump.reader import Dump
@@ -47,14 +47,22 @@ def findings(al: TokenAlignment, rlabel: str, clabel: str, tokenizer: Any = None
                                 "to compare", tensor=tensor, metrics={"reference_tokens": al.ref_tokens,
                                                                       "candidate_tokens": al.cand_tokens}))
         return out
+    for side, facts in al.stitching.items():
+        out.append(_verify(facts, rlabel if side == "reference" else clabel))
     for sp in al.extra:
         out.append(_extra(sp, rlabel, clabel, tokenizer))
     for sp in al.missing:
-        out.append(_missing(sp, rlabel, clabel))
+        out.append(_missing(sp, rlabel, clabel, al.unknown.any() and al.prefix_values == "differ"))
+    for rep in al.replaced:
+        out.append(_replaced(rep, rlabel, clabel))
+    for sp in al.uncaptured:
+        out.append(_uncaptured(sp, rlabel, clabel, al))
     if al.context_differs:
         n = int(al.context.sum())
         lead = next((f"{clabel} has {_count(s.length, 'extra')} at the start" for s in al.extra if s.where == "start"), None) \
             or next((f"{clabel} lacks {_count(s.length)} at the start" for s in al.missing if s.where == "start"), None) \
+            or next((f"the two sides hold other tokens from {rlabel} row {r.ref.start}" for r in al.replaced
+                     if r.where != "end"), None) \
             or "the token positions or earlier tokens differ"
         out.append(Finding.make(
             "CONTEXT_DIFFERS",
@@ -84,11 +92,16 @@ def _extra(sp: Span, rlabel: str, clabel: str, tokenizer: Any) -> Finding:
                         metrics={"start": sp.start, "stop": sp.stop, "where": sp.where, "tokens": sp.length})
 
 
-def _missing(sp: Span, rlabel: str, clabel: str) -> Finding:
+def _missing(sp: Span, rlabel: str, clabel: str, disproved: bool = False) -> Finding:
     n = _count(sp.length)
     if sp.where == "end":
         msg = f"{rlabel} side continues for {n} after the {clabel} capture ends {_describe(sp)}; not compared"
         sev = Severity.info
+    elif sp.where == "start" and disproved:
+        msg = (f"{clabel} lacks the {rlabel} side's first {n} {_describe(sp)} and records no positions; its states "
+               f"are not the {rlabel} side's at the same tokens, so they were computed without them (a truncated "
+               "prompt, a BOS or template dropped), not read from a prefix cache")
+        sev = None
     elif sp.where == "start":
         msg = (f"{clabel} lacks the {rlabel} side's first {n} {_describe(sp)}: a BOS or template dropped, or a "
                "prefix-cache hit recorded without positions (record positions to tell)")
@@ -98,6 +111,60 @@ def _missing(sp: Span, rlabel: str, clabel: str) -> Finding:
         sev = None
     return Finding.make("TOKENS_MISSING", msg, sev, tensor=names.INPUT_IDS,
                         metrics={"start": sp.start, "stop": sp.stop, "where": sp.where, "tokens": sp.length})
+
+
+def _replaced(rep: Replacement, rlabel: str, clabel: str) -> Finding:
+    r, c = rep.ref, rep.cand
+    both = f"{rlabel} {_count(r.length)} {_describe(r)} vs {clabel} {_count(c.length)} {_describe(c)}"
+    pos = r.positions or c.positions
+    at = f" (position {pos[0]})" if pos else ""
+    if rep.where == "end":
+        msg = (f"{clabel} went on differently from {rlabel} row {r.start}{at}: {both}; a sampled continuation (both "
+               "sides diverge at one token), not decode steps or a shorter capture; the tokens before it are compared, "
+               "neither continuation is")
+        sev = Severity.info
+    elif rep.where == "start":
+        msg = f"the two sides begin with other tokens: {both}; a different preamble (template, system prompt)"
+        sev = None
+    else:
+        msg = f"the two sides hold other tokens in the middle: {both}; an edit of the text (a replacement)"
+        sev = None
+    return Finding.make("TOKENS_REPLACED", msg, sev, tensor=names.INPUT_IDS,
+                        metrics={"where": rep.where, "reference": [r.start, r.stop], "candidate": [c.start, c.stop],
+                                 "reference_tokens": r.length, "candidate_tokens": c.length})
+
+
+def _uncaptured(sp: Span, rlabel: str, clabel: str, al: TokenAlignment) -> Finding:
+    n = _count(sp.length)
+    if sp.where in ("start", "whole") and al.cached_by_values:
+        msg = (f"a prefix-cache hit: the first {n} were not recomputed {_describe(sp)}; {clabel} records no positions, "
+               f"but its states equal the {rlabel} side's at the same tokens within noise, so they saw the same context")
+    elif sp.where in ("start", "whole"):
+        msg = (f"a prefix-cache hit: the first {n} were not recomputed {_describe(sp)}; {clabel}'s positions start "
+               "where they end, so its tokens saw them")
+    else:
+        msg = (f"{clabel} did not record {n} of the {rlabel} side's {_describe(sp)}; its positions continue across "
+               "them (tokens another data-parallel rank holds, or a pass not captured), so later tokens saw them")
+    return Finding.make("NOT_CAPTURED", msg, tensor=names.INPUT_IDS,
+                        metrics={"start": sp.start, "stop": sp.stop, "where": sp.where, "tokens": sp.length,
+                                 "by_values": bool(al.cached_by_values and sp.where in ("start", "whole"))})
+
+
+def _verify(v: dict, label: str) -> Finding:
+    bits = [f"{v['rewinds']} verify pass{'es' if v['rewinds'] != 1 else ''} rewound into the drafted rows of the pass "
+            f"before, superseding {v['superseded']} row{'s' if v['superseded'] != 1 else ''} of rejected drafts (recomputed by "
+            "the next pass)"]
+    if v["unconfirmed"]:
+        bits.append(f"{_count(v['unconfirmed'])} drafted by the last verify pass of a request were not kept: no later "
+                    "pass shows which were accepted")
+    if v["ambiguous"]:
+        bits.append(f"{_count(v['ambiguous'])} at positions one pass held twice (a tree of drafts) were not kept: "
+                    "which row was accepted cannot be told")
+    ex = "; ".join(f"{e['request']} at position {e['position']} in {e['pass']} ({e['rows']} superseded)"
+                   for e in v.get("examples", [])[:3])
+    msg = f"{label} side: " + "; ".join(bits) + (f" (e.g. {ex})" if ex else "") + \
+        "; the kept rows are those of accepted tokens, compared as the model computed them"
+    return Finding.make("VERIFY_PASSES", msg, tensor=names.INPUT_IDS, metrics=dict(v))
 
 
 def _is_bos(sp: Span, tokenizer: Any) -> bool:

@@ -287,8 +287,9 @@ def canonical_names(d: Dump) -> None:
     renames = {n: names.canonical(n) for n in d.tensors if names.canonical(n) != n}
     if not renames:
         return
-    for old, new in renames.items():
-        if new in d.tensors or list(renames.values()).count(new) > 1:
+    targets = list(renames.values())
+    for new in targets:
+        if new in d.tensors or targets.count(new) > 1:
             twins = sorted({o for o, n in renames.items() if n == new} | ({new} if new in d.tensors else set()))
             raise InputError(d.path, f"holds {' and '.join(repr(t) for t in twins)}: two spellings of {new!r}")
     for old, new in renames.items():

@@ -13,8 +13,11 @@ scaled FP8 view or a summed tensor-parallel view keep their own float semantics.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -141,6 +144,7 @@ class ViewDump(ForeignDump):
         self.base = base
         self._select = select
         self.joins: dict[str, tuple[list[str], np.ndarray]] = {}  # set by stitching: name -> (capture keys, rows)
+        self.pass_positions: list[np.ndarray] | None = None  # set by stitching: each pass's recorded positions
         if hasattr(base, "replica_checks"):
             self.replica_checks = base.replica_checks
         for name, v in tensors.items():  # shapes in metadata follow the views
@@ -183,3 +187,79 @@ def restrict(d: Dump, index: Sequence[int] | np.ndarray, token_rows: int, fmt_no
 
     tensors = {n: select(v) for n, v in d.tensors.items()}
     return ViewDump(d, tensors, select=select, fmt=f"{d.format} ({fmt_note})")
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Where one compared row sits in the file it came from: the file's tensor (a capture
+    key such as ``aux.0#3``), the row in it, its position when the file says (positions
+    recorded, or one sequence), and the file when a rank set merged several."""
+
+    tensor: str
+    row: int
+    position: int | None = None
+    file: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"tensor": self.tensor, "row": self.row, "position": self.position}
+        if self.file:
+            out["file"] = self.file
+        return out
+
+
+_CAPTURE = re.compile(r"^.+#([0-9]{1,9})$")  # the k of a capture key ``name#k`` (dump.stitch)
+
+
+def _root(v: TensorView, row: int) -> tuple[TensorView, int]:
+    """Follow row and join views down to the view that reads the file."""
+    from consistency.dump.ranks import _Columns
+    from consistency.dump.tokens import TokenView
+
+    for _ in range(64):
+        if isinstance(v, RowView):
+            row, v = int(v.index[row]), v.src
+        elif isinstance(v, ConcatView):
+            p = int(np.searchsorted(v.bounds, row, side="right")) - 1
+            row, v = row - int(v.bounds[p]), v.parts[p]
+        elif isinstance(v, TokenView):
+            part, r = (int(x) for x in v.src[row])
+            row, v = r, v.parts[part]
+        elif isinstance(v, _Columns):
+            v = v.src
+        else:
+            break
+    return v, row
+
+
+def origins(d: Dump, v: TensorView, rows: Sequence[int]) -> list[Origin]:
+    """The file row of each of ``rows`` of ``v`` (a view of ``d``, however stitched, aligned
+    or restricted). Positions come from the pass's recorded positions, else from the row
+    when the file holds one sequence (a 1-D ``input_ids``, or none)."""
+    from consistency.dump import names
+
+    base: Any = d
+    passes, single = None, True
+    for _ in range(16):
+        passes = passes if passes is not None else getattr(base, "pass_positions", None)
+        nxt = getattr(base, "base", None)
+        if nxt is None:
+            break
+        base = nxt
+    ids = base.tensors.get(names.INPUT_IDS) if hasattr(base, "tensors") else None
+    if ids is not None and len(ids.shape) == 2 and ids.shape[0] > 1:
+        single = False
+    out = []
+    for i in rows:
+        root, r = _root(v, int(i))
+        m = _CAPTURE.match(root.name)
+        k = int(m.group(1)) if m else 1
+        pos: int | None = None
+        if passes is not None and 0 < k <= len(passes) and r < len(passes[k - 1]):
+            pos = int(passes[k - 1][r])
+        elif passes is None and len(root.shape) == 3:
+            pos = r % root.shape[-2]  # [batch, tokens, hidden]: the row's place in its sequence
+        elif passes is None and single and k == 1:
+            pos = r
+        file = root.path.name if root.path is not None and Path(root.path) != Path(d.path) else None
+        out.append(Origin(root.name, r, pos, file))
+    return out

@@ -88,6 +88,7 @@ class StagedDump(ForeignDump):
         self.all_dumps = list(dumps.values())
         self.world = world
         self.layout_facts: list[LayoutFact] = []
+        self.token_keys: list[tuple[Any, ...]] | None = None  # DP: each merged row's (row,) or (request, position)
         self.replica_checks: dict[str, tuple[float, int]] = {}
         first = dumps[min(dumps)]
         for r, x in layouts.items():
@@ -213,6 +214,7 @@ class StagedDump(ForeignDump):
                                  "(or the reverse): one scheme per set")
             toks.append(t.dp)
         own = merge_ownership(toks)
+        self.token_keys = list(own.keys)  # the stitcher reads positions (and requests) from them
         rows_of = [{k: j for j, k in enumerate(t.keys())} for t in toks]
         out: dict[str, TensorView] = {}
         worst = 0.0

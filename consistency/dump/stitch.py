@@ -7,10 +7,12 @@ per pass: ``aux.0``, ``aux.0#2``, ``aux.0#3``, ... beside ``input_ids``/``input_
 ``#k`` of every name belongs to forward pass k. Stitching concatenates the passes and
 orders their rows into per-request segments:
 
-* with ``request_ids``: rows group by request; inside a request, positions must rise;
+* with ``request_ids``: rows group by request; inside a request, positions rise, except
+  where a verify pass rewinds into the drafted rows of the pass before it
+  (:mod:`consistency.dump.segments`: the rejected drafts' rows are superseded);
 * with ``positions`` only: a row continues the open segment that expects its position
-  (its last position + 1); a run starting at 0 is a new request; the first pass may start
-  anywhere (a prefix-cache hit computes only the suffix);
+  (its last position + 1), else rewinds one (a verify pass); a run starting at 0 is a new
+  request; the first pass may start anywhere (a prefix-cache hit computes only the suffix);
 * with neither: capture order, one segment.
 
 A ``[B, T]`` ``input_ids`` of a single capture (an HF batch) is B segments of T rows.
@@ -22,7 +24,8 @@ extra or missing by the alignment, never compared against the wrong row.
 The rules are strict because a wrong stitch would compare the wrong tokens silently:
 captures counts that differ between names, rows that differ from the ids of the same
 pass, ids without states, and positions that go backwards or overlap inside a request
-are one-line :class:`InputError` s naming the file and the tensor.
+(other than a verify pass's rewind) are one-line :class:`InputError` s naming the file and
+the tensor.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ import numpy as np
 
 from consistency.dump import names
 from consistency.dump.reader import Dump, TensorView
+from consistency.dump.segments import Segment, Verify, by_positions, by_request
 from consistency.dump.rows import ConcatView, RowView, ViewDump, array_view
 from consistency.errors import InputError
 
@@ -51,22 +55,6 @@ def split_key(key: str) -> tuple[str, int]:
 
 
 @dataclass
-class Segment:
-    """One request's tokens on the stitched axis, in position order."""
-
-    request: str
-    rows: list[int] = field(default_factory=list)  # rows of the concatenated captures
-    positions: list[int] = field(default_factory=list)
-
-    @property
-    def start(self) -> int | None:
-        return self.positions[0] if self.positions else None
-
-    def expects(self) -> int | None:
-        return self.positions[-1] + 1 if self.positions else None
-
-
-@dataclass
 class Layout:
     """How a dump's captures became one token axis."""
 
@@ -77,6 +65,17 @@ class Layout:
     ids: np.ndarray | None  # stitched ids, segment after segment
     positions: np.ndarray | None
     notes: list[str] = field(default_factory=list)
+    verify: Verify = field(default_factory=Verify)  # what verify passes superseded (dump.segments)
+    pass_positions: list[np.ndarray] | None = None  # each pass's positions as recorded (naming rows)
+
+    def response(self) -> np.ndarray | None:
+        """Per stitched row: True from its request's first decode or verify pass on (what a
+        server drafts on); None when no request shows one."""
+        if not any(s.generated_from is not None for s in self.segments):
+            return None
+        out = [np.asarray(s.positions) >= (s.generated_from if s.generated_from is not None else 1 << 62)
+               for s in self.segments]
+        return np.concatenate(out) if out else np.zeros(0, bool)
 
     @property
     def tokens(self) -> int:
@@ -119,8 +118,14 @@ def _ints(d: Dump, v: TensorView) -> np.ndarray:
 
 
 def needs_stitching(d: Dump) -> bool:
-    """True when the dump holds ``#k`` captures or layout tensors (positions, request ids)."""
-    return any(_KEY.match(k) for k in d.tensors) or any(n in d.tensors for n in LAYOUT_NAMES)
+    """True when the dump holds ``#k`` captures or layout tensors (positions, request ids),
+    or is a data-parallel merge whose ranks declared their tokens."""
+    return any(_KEY.match(k) for k in d.tensors) or any(n in d.tensors for n in LAYOUT_NAMES) \
+        or (bool(getattr(d, "token_keys", None)) and _unowned(d))
+
+
+def _unowned(d: Dump) -> bool:
+    return any(f.code == "TOKEN_UNOWNED" for f in getattr(d, "layout_facts", []))
 
 
 def layout(d: Dump) -> Layout:
@@ -145,16 +150,24 @@ def layout(d: Dump) -> Layout:
     if per_pass is None and pos_parts is not None:
         per_pass = [len(p) for p in pos_parts]
     req_parts = _layout_parts(d, groups, REQUEST_IDS, k, per_pass)
+    if req_parts is None and k == 1:
+        own_pos, req_parts = _from_ownership(d, per_pass)
+        pos_parts = pos_parts if pos_parts is not None else own_pos
     if per_pass is None:
         per_pass = _rows_per_pass(d, groups, k)
     total = sum(per_pass)
     offsets = np.concatenate(([0], np.cumsum(per_pass))).astype(np.int64)
     notes: list[str] = []
+    verify = Verify()
+    key_of = lambda k: POSITIONS if k == 0 else f"{POSITIONS}#{k + 1}"  # noqa: E731
     if req_parts is not None:
-        segs = _by_request(d, np.concatenate(req_parts), _positions_or_order(pos_parts, total), offsets)
+        j = by_request(d.path, np.concatenate(req_parts), _positions_or_order(pos_parts, total), offsets, key_of,
+                       pos_parts is not None)
+        segs, verify, notes = j.finish(), j.verify, j.notes
         source = REQUEST_IDS
     elif pos_parts is not None:
-        segs = _by_positions(d, pos_parts, offsets, notes)
+        j = by_positions(d.path, pos_parts, offsets, key_of)
+        segs, verify, notes = j.finish(), j.verify, j.notes
         source = POSITIONS
     elif batch_rows:
         segs = [Segment(f"row {b}", list(range(b * batch_rows, (b + 1) * batch_rows)), list(range(batch_rows)))
@@ -170,7 +183,10 @@ def layout(d: Dump) -> Layout:
     order = np.asarray([r for s in segs for r in s.rows], dtype=np.int64)
     ids = np.concatenate(ids_parts)[order] if ids_parts is not None else None
     pos = np.asarray([p for s in segs for p in s.positions], dtype=np.int64)
-    return Layout(k, source, segs, per_pass, ids, pos if (pos_parts is not None or batch_rows) else None, notes)
+    if pos_parts is None and batch_rows:
+        pos_parts = [np.tile(np.arange(batch_rows, dtype=np.int64), total // batch_rows)]
+    return Layout(k, source, segs, per_pass, ids, pos if (pos_parts is not None or batch_rows) else None, notes,
+                  verify, pos_parts)
 
 
 def _layout_parts(d: Dump, groups: dict, name: str, k: int, per_pass: list[int] | None) -> list[np.ndarray] | None:
@@ -188,6 +204,19 @@ def _layout_parts(d: Dump, groups: dict, name: str, k: int, per_pass: list[int] 
     return parts
 
 
+def _from_ownership(d: Dump, per_pass: list[int] | None) -> tuple[list[np.ndarray] | None, list[np.ndarray] | None]:
+    """A data-parallel merge without recorded positions: each rank declared which tokens its
+    rows are (request + position, or the row of a one-sequence batch), so a token no rank
+    holds is a gap the positions jump over, not a change of context."""
+    keys = getattr(d, "token_keys", None)
+    if not keys or (per_pass is not None and len(keys) != per_pass[0]) or not _unowned(d):
+        return None, None  # nothing missing: the merged rows are the tokens in order
+    if len(keys[0]) == 1:
+        return [np.asarray([int(k[0]) for k in keys], np.int64)], None
+    reqs = {q: i for i, q in enumerate(dict.fromkeys(k[0] for k in keys))}
+    return [np.asarray([int(k[1]) for k in keys], np.int64)], [np.asarray([reqs[k[0]] for k in keys], np.int64)]
+
+
 def _rows_per_pass(d: Dump, groups: dict, k: int) -> list[int]:
     """Without ids or positions: the rows of the first multi-capture float tensor."""
     for base, caps in sorted(groups.items()):
@@ -198,57 +227,6 @@ def _rows_per_pass(d: Dump, groups: dict, k: int) -> list[int]:
 
 def _positions_or_order(pos_parts: list[np.ndarray] | None, total: int) -> np.ndarray:
     return np.concatenate(pos_parts) if pos_parts is not None else np.arange(total, dtype=np.int64)
-
-
-def _where(offsets: np.ndarray, row: int, name: str) -> str:
-    p = int(np.searchsorted(offsets, row, side="right")) - 1
-    return name if p == 0 else f"{name}#{p + 1}"
-
-
-def _by_request(d: Dump, req: np.ndarray, pos: np.ndarray, offsets: np.ndarray) -> list[Segment]:
-    segs: dict[int, Segment] = {}
-    for row, (r, p) in enumerate(zip(req.tolist(), pos.tolist(), strict=True)):
-        s = segs.get(r)
-        if s is None:
-            s = segs[r] = Segment(f"request {r}")
-        elif p <= s.positions[-1]:
-            raise InputError(d.path, f"tensor {_where(offsets, row, POSITIONS)!r}: request {r} goes from position "
-                             f"{s.positions[-1]} to {p} (positions go backwards or overlap)")
-        s.rows.append(row)
-        s.positions.append(p)
-    return list(segs.values())
-
-
-def _by_positions(d: Dump, parts: list[np.ndarray], offsets: np.ndarray, notes: list[str]) -> list[Segment]:
-    """Runs of consecutive positions, each continuing the open segment that expects it."""
-    segs: list[Segment] = []
-    for k, pos in enumerate(parts):
-        key = POSITIONS if k == 0 else f"{POSITIONS}#{k + 1}"
-        used: set[int] = set()
-        i = 0
-        while i < len(pos):
-            j = i + 1
-            while j < len(pos) and pos[j] == pos[j - 1] + 1:
-                j += 1
-            start = int(pos[i])
-            rows = list(range(int(offsets[k]) + i, int(offsets[k]) + j))
-            seg = next((s for n, s in enumerate(segs) if n not in used and s.expects() == start), None)
-            if seg is None and start != 0 and segs and k > 0:
-                prev = [s for n, s in enumerate(segs) if n not in used and (s.expects() or 0) <= start]
-                if not prev:
-                    last = max(segs, key=lambda s: s.positions[-1])
-                    raise InputError(d.path, f"tensor {key!r} starts a run at position {start} but a request already "
-                                     f"reached position {last.positions[-1]} (positions go backwards or overlap)")
-                seg = max(prev, key=lambda s: s.positions[-1])
-                notes.append(f"{key}: positions {seg.positions[-1] + 1}..{start - 1} were not captured (a gap)")
-            if seg is None:
-                seg = Segment(f"request {len(segs)}")
-                segs.append(seg)
-            used.add(segs.index(seg))
-            seg.rows += rows
-            seg.positions += pos[i:j].tolist()
-            i = j
-    return segs
 
 
 def stitch(d: Dump) -> tuple[Dump, Layout]:
@@ -294,9 +272,10 @@ def stitch(d: Dump) -> tuple[Dump, Layout]:
     if meta is not None:
         meta.tensors = {k: v for k, v in meta.tensors.items() if k in tensors}
         meta.extra["stitched"] = {"captures": lay.captures, "source": lay.source, "segments": len(lay.segments),
-                                  "tokens": lay.tokens}
+                                  "tokens": lay.tokens, **({"verify": lay.verify.as_dict()} if lay.verify.any else {})}
     out = ViewDump(d, tensors, meta, fmt=f"{d.format} ({lay.captures} captures stitched)")
     out.joins = joins  # rank_views of a tensor-parallel set follow the same stitch
+    out.pass_positions = lay.pass_positions  # naming a compared row by its capture and position (dump.rows.origin)
     return out, lay
 
 

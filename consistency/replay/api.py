@@ -7,7 +7,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from consistency.errors import UsageError
 
 
 def check_inputs(*specs: str | Path | Any, layer_ids: Any = None, convention: str | None = None) -> None:
@@ -30,24 +29,14 @@ def check_inputs(*specs: str | Path | Any, layer_ids: Any = None, convention: st
 
 
 def replay_check(draft: str | Path, reference: str | Path, candidate: str | Path, target: str | Path | Any | None = None,
-                 steps: int | None = None, max_drop_points: float | None = None, min_acceptance: float | None = None,
-                 feed: str = "auto", labels: str = "auto", overrides: dict[str, bool] | None = None,
-                 max_drop: float | None = None, method: str = "auto", **unknown: Any) -> Any:
+                 **options: Any) -> Any:
     """The replay report (a :class:`~consistency.replay.report.ReplayReport`): verdict ``fail``
     with ``ACCEPTANCE_DROP`` when the candidate's top-1 accuracy or acceptance rate falls more
     than ``max_drop_points`` (default 5) below the reference's, ``ACCEPTANCE_LOW`` when its
     acceptance rate is under ``min_acceptance`` (0..1); ``report.findings`` is the list of
-    findings. ``method``: auto, eagle3, mtp or eagle1 (docs/replay.md, "MTP and EAGLE-1"). Bad input raises :class:`consistency.errors.InputError` as everywhere else."""
-    if unknown:
-        raise UsageError(f"replay: unknown option(s) {sorted(unknown)}; known: draft, reference, candidate, target, "
-                         "steps, max_drop_points, min_acceptance, feed, labels, overrides, method")
-    check_inputs(reference, candidate)
-    from consistency.replay.assets import resolve_draft
-    from consistency.replay.engine import run_replay
+    findings. ``options`` are :class:`~consistency.replay.request.ReplayRequest`'s fields
+    (``method``: auto, eagle3, mtp or eagle1, docs/replay.md); an unknown one is a usage
+    error. Bad input raises :class:`consistency.errors.InputError` as everywhere else."""
+    from consistency.replay.request import ReplayRequest, run
 
-    if max_drop is not None and max_drop_points is not None and max_drop != max_drop_points:
-        raise UsageError(f"replay: max_drop = {max_drop} and max_drop_points = {max_drop_points}; give one "
-                         "(max_drop_points; max_drop is its older name)")
-    limit = max_drop_points if max_drop_points is not None else (max_drop if max_drop is not None else 5.0)
-    return run_replay(resolve_draft(str(draft)), target, reference, candidate, steps, limit, feed, labels,
-                      overrides, min_acceptance, method=method)
+    return run(ReplayRequest.build(draft, reference, candidate, target=target, **options))

@@ -29,13 +29,32 @@ def check_sides(ref_path: Any, ref: DumpMetadata | None, cand_path: Any, cand: D
                          "side: swapped? replay takes what the draft was trained on first")
 
 
-def common_tokens(ref_ids: torch.Tensor, cand_ids: torch.Tensor, ref_path: Any, cand_path: Any) -> tuple[int, int, int]:
+MAX_SEGMENT_PAIRS = 4096  # requests of one dump tried against the other's
+
+
+def common_tokens(ref_ids: torch.Tensor, cand_ids: torch.Tensor, ref_path: Any, cand_path: Any,
+                  ref_segments: list[tuple[int, int]] | None = None,
+                  cand_segments: list[tuple[int, int]] | None = None) -> tuple[int, int, int]:
     """(reference start, candidate start, length) of the longest run of tokens both dumps
     hold, found by the token aligner compare uses (equal, a prefix-cache suffix, a template
     in front, edits). Replay needs one contiguous run: chained steps read consecutive
-    positions. Dumps of different text would score the draft on two unrelated tasks: refused."""
+    positions, inside one request (``*_segments``: each request's [start, stop) on the
+    stitched axis; a run never crosses a request boundary). Dumps of different text would
+    score the draft on two unrelated tasks: refused."""
     from consistency.compare.tokens import match
 
+    rseg = ref_segments or [(0, len(ref_ids))]
+    cseg = cand_segments or [(0, len(cand_ids))]
+    if len(rseg) > 1 or len(cseg) > 1:
+        best: tuple[int, int, int] | None = None
+        for r0, r1 in rseg[:64]:
+            for c0, c1 in cseg[:64]:
+                _m, blocks = match(ref_ids[r0:r1].numpy(), cand_ids[c0:c1].numpy())
+                for i, j, n in blocks:
+                    if best is None or n > best[2]:
+                        best = (r0 + i, c0 + j, n)
+        if best is not None and best[2] >= 2:
+            return best
     method, blocks = match(ref_ids.numpy(), cand_ids.numpy())
     if not blocks or max(n for _i, _j, n in blocks) < 2:
         n = min(len(ref_ids), len(cand_ids))

@@ -21,8 +21,8 @@ from consistency.errors import InputError, UsageError
 from consistency.replay.chain import run_chain
 from consistency.replay.load import LoadedDraft, TargetParts, load_draft
 from consistency.replay.report import ReplayReport
-from consistency.replay.scoring import (Scored, build_report, choose_feed, load_target, pass_summary,  # noqa: F401
-                                       score, summarize_draft)  # re-exported: callers of the old home
+from consistency.replay.scoring import (Scored, build_report, choose_feed, drafted_positions, load_target,  # noqa: F401
+                                        pass_summary, score, summarize_draft)  # re-exported: callers of the old home
 from consistency.replay.checks import check_sides, common_tokens
 from consistency.replay.sides import Side, read_side, truncate
 
@@ -30,7 +30,8 @@ DEFAULT_STEPS = 3
 
 
 @torch.no_grad()
-def replay_side(draft: LoadedDraft, side: Side, steps: int, feed: str = "own") -> Scored:
+def replay_side(draft: LoadedDraft, side: Side, steps: int, feed: str = "own",
+                drafted: torch.Tensor | None = None) -> Scored:
     aux, nxt = side.aux[:-1], side.ids[1:]
     teacher = None
     if feed == "teacher":
@@ -40,7 +41,7 @@ def replay_side(draft: LoadedDraft, side: Side, steps: int, feed: str = "own") -
     if int(side.ids.max()) >= vt or int(side.ids.min()) < 0:
         raise InputError(side.path, f"token ids outside the draft's target vocabulary 0..{vt - 1}")
     out = run_chain(draft.model, aux, nxt, steps, feed=feed, teacher=teacher)
-    return score(out.tokens[:, 0], side.labels)
+    return score(out.tokens[:, 0], side.labels, drafted)
 
 
 def run_replay(draft: str | Path, target: str | Any | None, reference: str | Path, candidate: str | Path,
@@ -85,7 +86,7 @@ def run_replay(draft: str | Path, target: str | Any | None, reference: str | Pat
     ref = read_side(reference, d.model.num_aux, width, tmodel, labels, cache, ids, convention, tname)
     cand = read_side(candidate, d.model.num_aux, width, tmodel, labels, cache, ids, convention, tname)
     check_sides(reference, ref.meta, candidate, cand.meta)
-    r0, c0, shared = common_tokens(ref.ids, cand.ids, reference, candidate)
+    r0, c0, shared = common_tokens(ref.ids, cand.ids, reference, candidate, ref.segments, cand.segments)
     cut = [f"{s.path.name} holds {len(s.ids)} tokens: replayed on the {shared} both dumps share "
            f"(its tokens [{start}, {start + shared}))" for s, start in ((ref, r0), (cand, c0)) if len(s.ids) > shared]
     if r0 != c0:
@@ -99,8 +100,12 @@ def run_replay(draft: str | Path, target: str | Any | None, reference: str | Pat
         # reference's labels, computed on the whole prompt
         cand = replace(cand, labels=ref.labels, label_source=ref.label_source)
     feed, why = choose_feed(feed, (ref, cand))
-    rs, cs = replay_side(d, ref, k, feed), replay_side(d, cand, k, feed)
-    rep = build_report(d, tname, ref, cand, rs, cs, k, feed, max_drop_points, time.perf_counter() - t0, min_acceptance)
+    mask, scored_on, where = drafted_positions(ref, cand)
+    rs, cs = replay_side(d, ref, k, feed, mask), replay_side(d, cand, k, feed, mask)
+    rep = build_report(d, tname, ref, cand, rs, cs, k, feed, max_drop_points, time.perf_counter() - t0, min_acceptance,
+                       scored_on=scored_on)
+    if where:
+        rep.notes.insert(0, where)
     if why:
         rep.notes.insert(0, why)
     rep.notes[:0] = cut

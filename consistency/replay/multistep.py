@@ -152,7 +152,7 @@ def replay_multistep(method: str, draft: str | Path, target: str | Any | None, r
                      min_acceptance: float | None, layer_ids: Sequence[int] | None,
                      convention: str | None) -> ReplayReport:
     """The MTP / EAGLE-1 counterpart of :func:`consistency.replay.engine.run_replay`."""
-    from consistency.replay.scoring import build_report, choose_feed, load_target, score
+    from consistency.replay.scoring import build_report, choose_feed, drafted_positions, load_target, score
 
     t0 = time.perf_counter()
     if target is None and method == "mtp" and (Path(draft) / "config.json").is_file():
@@ -175,16 +175,20 @@ def replay_multistep(method: str, draft: str | Path, target: str | Any | None, r
     h = m.hidden_size
     cache: dict[bytes, torch.Tensor] = {}
     ids = list(layer_ids) if layer_ids is not None else None
-    ref = read_side(reference, 1, h, tmodel, labels, cache, ids, convention, tname)
-    cand = read_side(candidate, 1, h, tmodel, labels, cache, ids, convention, tname)
+    reading = "mtp" if method == "mtp" else None  # a speculators file: its MTP trainer's reading (the last slot)
+    ref = read_side(reference, 1, h, tmodel, labels, cache, ids, convention, tname, reading)
+    cand = read_side(candidate, 1, h, tmodel, labels, cache, ids, convention, tname, reading)
     check_sides(reference, ref.meta, candidate, cand.meta)
-    r0, c0, shared = common_tokens(ref.ids, cand.ids, reference, candidate)
+    r0, c0, shared = common_tokens(ref.ids, cand.ids, reference, candidate, ref.segments, cand.segments)
     notes = [f"{s.path.name} holds {len(s.ids)} tokens: replayed on the {shared} both dumps share"
              for s in (ref, cand) if len(s.ids) > shared]
     ref, cand = truncate(ref, shared, r0), truncate(cand, shared, c0)
     if r0 != c0 and cand.label_source != "logits":
         cand = replace(cand, labels=ref.labels, label_source=ref.label_source)
     feed, why = choose_feed(feed, (ref, cand))
+    mask, scored_on, where = drafted_positions(ref, cand)
+    if where:
+        notes.insert(0, where)
     if why:
         notes.insert(0, why)
     _check_memory(m, len(ref.ids) - 1, k)
@@ -196,7 +200,7 @@ def replay_multistep(method: str, draft: str | Path, target: str | Any | None, r
         out = run_steps(m, side.aux, side.ids, k, loaded.spec.recycle, attention="chain", feed=feed, recorded=rec,
                         step0_ids=ids0)
         assert out.proposals is not None
-        scored.append(score(out.proposals, side.labels))
+        scored.append(score(out.proposals, side.labels, mask))
         fed.append(describe_recycle(out, rec, loaded.spec.recycle, side.aux))
     summary = DraftSummary(path=str(loaded.path), layout=loaded.layout, hidden_size=h, target_hidden_size=h, num_aux=1,
                            num_layers=len(getattr(m, "layers", [])) or 1, draft_vocab_size=m.vocab_size,
@@ -204,7 +208,7 @@ def replay_multistep(method: str, draft: str | Path, target: str | Any | None, r
                            fc_norm=False, norm_output=loaded.spec.recycle == Recycle.d_norm, sources=loaded.sources,
                            method=method, consumer=loaded.spec.model_copy(update={"steps": k}))
     rep = build_report(loaded, tname, ref, cand, scored[0], scored[1], k, feed, max_drop_points,
-                       time.perf_counter() - t0, min_acceptance, draft_summary=summary)
+                       time.perf_counter() - t0, min_acceptance, draft_summary=summary, scored_on=scored_on)
     rep.reference.recycle_fed, rep.candidate.recycle_fed = fed
     want = loaded.spec.recycle.value
     if k > 1 and not fed[1].startswith("recorded"):

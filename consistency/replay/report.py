@@ -26,6 +26,13 @@ class StepStats(BaseModel):
     cumulative: float | None = Field(None, description="Share of anchors whose steps 1..step were all accepted")
 
 
+class Figures(BaseModel):
+    top1: float
+    acceptance_rate: float
+    accept_length: float
+    anchors: int
+
+
 class SideReplay(BaseModel):
     path: str
     tokens: int
@@ -39,6 +46,11 @@ class SideReplay(BaseModel):
     acceptance_rate: float = Field(description="Accepted draft tokens over drafted tokens, greedy verification")
     accept_length: float = Field(description="Mean tokens per verification step, bonus token included (1..steps+1)")
     per_step: list[StepStats]
+    scored_on: Literal["loss_mask", "response", "all"] = Field(
+        "all", description="Which positions the figures above score: a loss mask's, the candidate's decode/verify "
+        "rows (what a server drafts on), or every position")
+    all_positions: Figures | None = Field(None, description="The same figures over every position, prompt included "
+                                          "(when scored_on narrowed them)")
     hits: list[int] = Field(default_factory=list, description="Step-1 hit (1) or miss (0) per position")
     recycle_fed: str | None = Field(None, description="MTP / EAGLE-1: what steps >= 2 were fed (recorded recycle.k, "
                                     "or the draft's contract when the dump records none)")
@@ -72,6 +84,9 @@ class Drop(BaseModel):
     speedup_ratio: float | None = Field(None, description="Candidate accept length over the reference's")
     lost: int = Field(0, description="Positions the draft got right on the reference and wrong on the candidate")
     gained: int = Field(0, description="Positions wrong on the reference and right on the candidate")
+    all_top1_points: float | None = Field(None, description="The top-1 drop over every position, prompt included "
+                                          "(when the figures above score only the drafted positions)")
+    all_acceptance_points: float | None = None
 
 
 class ReplayReport(ReportHeader):

@@ -11,7 +11,7 @@ import torch
 from consistency import __version__
 from consistency.contract.findings import Finding, verdict_of
 from consistency.replay.load import LoadedDraft
-from consistency.replay.report import DraftSummary, Drop, ReplayReport, SideReplay, StepStats
+from consistency.replay.report import DraftSummary, Drop, Figures, ReplayReport, SideReplay, StepStats
 from consistency.replay.sides import Side
 
 WEAK_TOP1 = 0.2  # below this on the reference, a drop means little
@@ -26,10 +26,16 @@ class Scored:
     length: float
     per_step: list[StepStats]
     anchors: int
+    overall: Scored | None = None  # the same over every position (prompt included), when ``drafted`` narrowed it
 
 
-def score(proposals: torch.Tensor, labels: torch.Tensor) -> Scored:
-    """``proposals`` [K, T-1] target ids per anchor; ``labels`` [T] (-1 = unknown)."""
+def score(proposals: torch.Tensor, labels: torch.Tensor, drafted: torch.Tensor | None = None) -> Scored:
+    """``proposals`` [K, T-1] target ids per anchor; ``labels`` [T] (-1 = unknown).
+
+    ``drafted`` [T] (True where the token is one the server generated, e.g. a loss mask):
+    anchor i feeds token i+1 and proposes i+2, so it is scored where ``drafted[i+1]`` -- what
+    a server drafts on (speculators' ``shift_batch`` aligns (x1, g0, l1) the same way). The
+    result is then those anchors' figures, with every position's in ``overall``."""
     k_steps, n = proposals.shape
     t = labels.shape[0]
     hits = torch.zeros(k_steps, n, dtype=torch.bool)
@@ -38,22 +44,35 @@ def score(proposals: torch.Tensor, labels: torch.Tensor) -> Scored:
         if m > 0:
             y = labels[k + 1: k + 1 + m]
             hits[k, :m] = (proposals[k, :m] == y) & (y >= 0)
-    valid1 = labels[1:] >= 0
+    every = _figures(hits, labels, k_steps, torch.ones(n, dtype=torch.bool))
+    if drafted is None:
+        return every
+    sel = drafted.reshape(-1)[1:n + 1].bool()
+    out = _figures(hits, labels, k_steps, sel)
+    out.overall = every
+    return out
+
+
+def _figures(hits: torch.Tensor, labels: torch.Tensor, k_steps: int, sel: torch.Tensor) -> Scored:
+    t = labels.shape[0]
+    valid1 = (labels[1:] >= 0) & sel
     top1 = float(hits[0][valid1].float().mean()) if valid1.any() else 0.0
     known = t if int(labels[-1]) >= 0 else t - 1  # labels from input_ids lack the last one
     full = max(0, known - k_steps)  # anchors whose whole chain is verifiable
-    lead = torch.cumprod(hits[:, :full].int(), dim=0)  # 1 while every step so far was accepted
+    keep = sel[:full]
+    lead = torch.cumprod(hits[:, :full].int(), dim=0)[:, keep]  # 1 while every step so far was accepted
+    n_full = int(keep.sum())
     accepted = lead.sum(0).float()
-    per_step, reached = [], full
+    per_step, reached = [], n_full
     for k in range(k_steps):
         acc = int(lead[k].sum())
         per_step.append(StepStats(step=k + 1, reached=reached, accepted=acc,
                                   conditional=acc / reached if reached else None,
-                                  cumulative=acc / full if full else None))
+                                  cumulative=acc / n_full if n_full else None))
         reached = acc
-    rate = float(accepted.mean()) / k_steps if full else 0.0
-    length = 1.0 + float(accepted.mean()) if full else 1.0
-    return Scored(hits, top1, rate, length, per_step, full)
+    rate = float(accepted.mean()) / k_steps if n_full else 0.0
+    length = 1.0 + float(accepted.mean()) if n_full else 1.0
+    return Scored(hits, top1, rate, length, per_step, n_full)
 
 
 def summarize_draft(d: LoadedDraft) -> DraftSummary:
@@ -65,11 +84,22 @@ def summarize_draft(d: LoadedDraft) -> DraftSummary:
                         aux_layer_ids=c.aux_layer_ids, aux_ids_meaning=c.aux_ids_meaning, sources=d.sources)
 
 
-def side_report(side: Side, s: Scored) -> SideReplay:
+def side_report(side: Side, s: Scored, scored_on: str = "all") -> SideReplay:
+    o = s.overall
+    overall = Figures(top1=o.top1, acceptance_rate=o.rate, accept_length=o.length, anchors=o.anchors) if o else None
     return SideReplay(path=str(side.path), tokens=len(side.ids), anchors=s.anchors, slots=side.slots,
+                      scored_on=scored_on, all_positions=overall,
                       claimed_streams=side.claimed, aux_dtype=side.aux_dtype, label_source=side.label_source,  # type: ignore[arg-type]
                       greedy_agreement=side.greedy_agreement, top1=s.top1, acceptance_rate=s.rate,
                       accept_length=s.length, per_step=s.per_step, hits=[int(x) for x in s.hits[0].tolist()])
+
+
+def _loses(points: float) -> str:
+    if points > 0.05:
+        return f"loses {points:.1f} points"
+    if points < -0.05:
+        return f"gains {-points:.1f} points"
+    return "loses nothing"
 
 
 def load_target(spec: str | None) -> Any | None:
@@ -98,6 +128,21 @@ def choose_feed(feed: str, sides: tuple[Side, ...]) -> tuple[str, str | None]:
                        "generated text this equals feeding the draft's own proposals, as runtimes do")
 
 
+def drafted_positions(ref: Side, cand: Side) -> tuple[torch.Tensor | None, str, str | None]:
+    """Where a server drafts, over the tokens both sides share: the reference's loss mask (the
+    positions training scored), else the candidate's decode/verify rows (what the capture says
+    the server generated), else every position (said in a note). Both sides are scored there."""
+    for side, what in ((ref, "loss_mask"), (cand, "loss_mask"), (cand, "response"), (ref, "response")):
+        m = side.drafted if side.drafted_source == what else None
+        if m is not None and len(m) == len(side.ids) and bool(m[1:].any()):
+            words = ("the reference's loss mask" if side is ref else "the candidate's loss mask") if what == "loss_mask" \
+                else ("the candidate's decode and verify rows" if side is cand else "the reference's decode rows")
+            return m, what, f"scored on the positions a server drafts ({words}: {int(m.sum())} of {len(m)} tokens); " \
+                "the all-position figures are reported beside them"
+    return None, "all", ("no loss mask and no decode rows say where the server drafts: scored on every position, the "
+                         "prompt included (a prompt the draft predicts well or badly dilutes a drop on the response)")
+
+
 def pass_summary(worst: float, max_drop: float, rate: float, min_acceptance: float | None) -> str:
     """What a passing replay passed: the drop in points within its limit (or a gain), and
     the floor the candidate's acceptance cleared when one was set."""
@@ -114,7 +159,7 @@ def pass_summary(worst: float, max_drop: float, rate: float, min_acceptance: flo
 
 def build_report(d: LoadedDraft | Any, tname: str | None, ref: Side, cand: Side, rs: Scored, cs: Scored, k: int, feed: str,
                  max_drop: float, seconds: float, min_acceptance: float | None = None,
-                 draft_summary: DraftSummary | None = None) -> ReplayReport:
+                 draft_summary: DraftSummary | None = None, scored_on: str = "all") -> ReplayReport:
     n = min(rs.hits.shape[1], cs.hits.shape[1])
     same_tokens = len(ref.ids) == len(cand.ids) and torch.equal(ref.ids, cand.ids)
     lost = int((rs.hits[0, :n] & ~cs.hits[0, :n]).sum()) if same_tokens else 0
@@ -122,6 +167,9 @@ def build_report(d: LoadedDraft | Any, tname: str | None, ref: Side, cand: Side,
     drop = Drop(top1_points=100 * (rs.top1 - cs.top1), acceptance_points=100 * (rs.rate - cs.rate),
                 accept_length=rs.length - cs.length, speedup_ratio=cs.length / rs.length if rs.length else None,
                 lost=lost, gained=gained)
+    if rs.overall is not None and cs.overall is not None:
+        drop.all_top1_points = 100 * (rs.overall.top1 - cs.overall.top1)
+        drop.all_acceptance_points = 100 * (rs.overall.rate - cs.overall.rate)
     findings: list[Finding] = []
     notes = list(d.notes)
     for s in (ref, cand):
@@ -132,13 +180,18 @@ def build_report(d: LoadedDraft | Any, tname: str | None, ref: Side, cand: Side,
     worst = max(drop.top1_points, drop.acceptance_points)
     line = (f"top-1 {100 * rs.top1:.1f}% -> {100 * cs.top1:.1f}%, acceptance {100 * rs.rate:.1f}% -> {100 * cs.rate:.1f}%, "
             f"accept length {rs.length:.2f} -> {cs.length:.2f} (K={k})")
+    if rs.overall is not None and cs.overall is not None:
+        o_r, o_c = rs.overall, cs.overall
+        line = (f"on the {rs.anchors} drafted positions: {line}; over all {o_r.anchors} positions: top-1 "
+                f"{100 * o_r.top1:.1f}% -> {100 * o_c.top1:.1f}%, acceptance {100 * o_r.rate:.1f}% -> "
+                f"{100 * o_c.rate:.1f}%")
     if worst > max_drop:
         findings.append(Finding.make(
             "ACCEPTANCE_DROP", f"replayed on the candidate, the draft loses {worst:.1f} points (limit {max_drop:g}): {line}",
             metrics=drop.model_dump()))
     else:
-        findings.append(Finding.make("OK", f"the candidate is within {max_drop:g} points of the reference: {line}",
-                                     metrics=drop.model_dump()))
+        findings.append(Finding.make("OK", f"the candidate {_loses(worst)}, within the limit of {max_drop:g} points: "
+                                     f"{line}", metrics=drop.model_dump()))
     if min_acceptance is not None and cs.rate < min_acceptance:
         findings.append(Finding.make(
             "ACCEPTANCE_LOW", f"predicted acceptance on the candidate is {100 * cs.rate:.1f}%, below the required "
@@ -164,5 +217,5 @@ def build_report(d: LoadedDraft | Any, tname: str | None, ref: Side, cand: Side,
                         max_drop_points=max_drop, min_acceptance=min_acceptance,
                         draft=draft_summary or summarize_draft(d), method=draft_summary.method if draft_summary else "eagle3",
                         target=tname,
-                        reference=side_report(ref, rs), candidate=side_report(cand, cs), drop=drop,
+                        reference=side_report(ref, rs, scored_on), candidate=side_report(cand, cs, scored_on), drop=drop,
                         findings=findings, notes=notes, seconds=seconds)

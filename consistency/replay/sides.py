@@ -13,6 +13,7 @@ recorded next token, which is the target's own only on a greedily generated dump
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,7 @@ from consistency.errors import InputError
 from consistency.replay.checks import check_model, check_streams
 
 CHUNK_ROWS = 4096
+LOSS_MASK = "loss_mask"  # SpecForge's name (dump.formats.specforge), and speculators' beside its files
 
 
 @dataclass
@@ -44,6 +46,9 @@ class Side:
     label_source: str
     greedy_agreement: float | None
     meta: DumpMetadata | None = None
+    drafted: torch.Tensor | None = None  # [T] bool: tokens a server generated (a loss mask, decode/verify rows)
+    drafted_source: str = "all"  # "loss_mask", "response" or "all"
+    segments: list[tuple[int, int]] | None = None  # each request's [start, stop) when the dump holds several
 
 
 def _rows(view: TensorView) -> torch.Tensor:
@@ -71,17 +76,30 @@ def token_ids(d: Dump) -> torch.Tensor:
 
 def read_side(path: str | Path, num_aux: int, width: int, target: Any | None, labels: str = "auto",
               cache: dict[bytes, torch.Tensor] | None = None, layer_ids: Sequence[int] | None = None,
-              convention: str | None = None, target_name: str | None = None) -> Side:
+              convention: str | None = None, target_name: str | None = None, reading: str | None = None) -> Side:
     """``num_aux`` slots of ``width`` are what the draft's ``fc`` takes (n x H_target);
     ``cache`` shares target labels between dumps of the same tokens (one forward, not two).
     ``layer_ids``/``convention`` describe a training file that does not record its streams,
-    exactly as ``compare --layer-ids --convention`` reads it (open_side)."""
+    exactly as ``compare --layer-ids --convention`` reads it (open_side). ``reading="mtp"``: a
+    training file two drafts read differently is read as an MTP trainer reads it (speculators:
+    the last slot). Where the server drafts comes with the side: a ``loss_mask`` the file holds
+    (SpecForge writes one; speculators keeps one beside its files), else the decode and verify
+    rows its stitched passes show."""
     p = Path(path)
-    with open_side(p, layer_ids, convention) as raw:  # dumps, rank sets, speculators hs_*.safetensors, SpecForge .ckpt
-        d, _layout = stitch(raw)  # chunked prefill + decode steps: one token axis, as compare reads them
+    with ExitStack() as stack:  # dumps, rank sets, speculators hs_*.safetensors, SpecForge .ckpt
+        raw = stack.enter_context(open_side(p, layer_ids, convention))
+        if reading == "mtp":
+            from consistency.dump.formats.speculators import as_mtp
+
+            mtp = as_mtp(raw)
+            if mtp is not raw:
+                stack.callback(mtp.close)
+                raw = mtp
+        d, layout = stitch(raw)  # chunked prefill + decode steps, verify passes: one token axis, as compare reads them
         ids = token_ids(d)
         check_model(p, d.metadata, target, target_name)
-        check_streams(p, d, ids, target, target_name)
+        bounds = layout.bounds() if len(layout.segments) > 1 else None
+        check_streams(p, d, ids[:bounds[0][1]] if bounds else ids, target, target_name)  # one request: the target's context
         info = describe(d, width, num_aux, "reference")
         if list(info.slots) != list(range(len(info.slots))):
             raise InputError(p, f"holds aux slots {sorted(info.slots)}: slots are numbered 0..n-1 with none missing")
@@ -101,13 +119,26 @@ def read_side(path: str | Path, num_aux: int, width: int, target: Any | None, la
             raise InputError(p, "aux slots hold NaN or Inf values")
         dtype = slots[0].dtype
         meta = d.metadata
-        y, source = _labels(d, ids, target, labels, cache if cache is not None else {})
+        y, source = _labels(d, ids, target, labels, cache if cache is not None else {}, bounds)
+        drafted, drafted_source = _drafted(d, layout.response(), len(ids))
     agree = None if source == "input_ids" else float((ids[1:] == y[:-1]).float().mean())
-    return Side(p, ids, aux, [v.name for v in slots], info.claimed_streams, dtype, y, source, agree, meta)
+    return Side(p, ids, aux, [v.name for v in slots], info.claimed_streams, dtype, y, source, agree, meta, drafted,
+                drafted_source, bounds)
+
+
+def _drafted(d: Dump, response: np.ndarray | None, t: int) -> tuple[torch.Tensor | None, str]:
+    """The tokens a server generated: the file's loss mask, else its decode/verify rows."""
+    v = d.tensors.get(LOSS_MASK)
+    if v is not None and not v.is_float and v.numel == t:
+        return torch.from_numpy(np.asarray(v.read_all()).reshape(-1) != 0), "loss_mask"
+    if response is not None and len(response) == t:
+        return torch.from_numpy(np.asarray(response, bool)), "response"
+    return None, "all"
 
 
 def _labels(d: Dump, ids: torch.Tensor, target: Any | None, mode: str,
-            cache: dict[bytes, torch.Tensor]) -> tuple[torch.Tensor, str]:
+            cache: dict[bytes, torch.Tensor], bounds: list[tuple[int, int]] | None = None) -> tuple[torch.Tensor, str]:
+    """``bounds``: the requests of a dump holding several; the target reads each on its own."""
     t = len(ids)
     if mode in ("auto", "logits") and names.LOGITS in d:
         v = d[names.LOGITS]
@@ -118,10 +149,13 @@ def _labels(d: Dump, ids: torch.Tensor, target: Any | None, mode: str,
     if mode == "logits":
         raise InputError(d.path, "has no 'logits' (--labels logits)")
     if mode in ("auto", "target") and target is not None:
-        key = ids.numpy().tobytes()
-        if key not in cache:
-            cache[key] = target_next_tokens(target, ids)
-        return cache[key], "target"
+        parts = []
+        for a, b in bounds or [(0, t)]:
+            key = ids[a:b].numpy().tobytes()
+            if key not in cache:
+                cache[key] = target_next_tokens(target, ids[a:b])
+            parts.append(cache[key])
+        return torch.cat(parts), "target"
     if mode == "target":
         raise InputError(d.path, "--labels target needs --target")
     y = torch.empty_like(ids)
@@ -145,4 +179,5 @@ def truncate(side: Side, n: int, start: int = 0) -> Side:
     if start == 0 and n >= len(side.ids):
         return side
     sl = slice(start, start + n)
-    return replace(side, ids=side.ids[sl], aux=side.aux[sl], labels=side.labels[sl])
+    return replace(side, ids=side.ids[sl], aux=side.aux[sl], labels=side.labels[sl],
+                   drafted=side.drafted[sl] if side.drafted is not None else None)

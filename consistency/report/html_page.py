@@ -110,9 +110,9 @@ def _verdict(rep: CompareReport) -> str:
     if rep.seconds is not None:
         chips.append(f"{rep.seconds:.2f} s")
     notes = "".join(f"<li>{_e(a)}</li>" for a in rep.assumptions)
-    if rep.alignment and rep.alignment.get("method") not in (None, "identical"):
-        from consistency.report.alignment import alignment_line
+    from consistency.report.alignment import alignment_line, worth_showing
 
+    if worth_showing(rep.alignment):
         notes += f'<li id="alignment">tokens: {_e(alignment_line(rep.alignment))}</li>'
     return (f'<div class="{cls}" id="verdict"><span class="pill">{_e(rep.verdict.upper())}</span><div>'
             f'<div class="summary">{_e(rep.summary)}</div><div class="chips">'

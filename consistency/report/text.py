@@ -13,8 +13,8 @@ from rich.table import Table
 from rich.text import Text
 
 from consistency.contract.findings import CODES, CompareReport, Finding, Severity
-from consistency.report.alignment import alignment_line
 from consistency.escape import term
+from consistency.report.alignment import alignment_line, worth_showing
 
 _STYLE = {Severity.error: "bold red", Severity.warning: "yellow", Severity.info: "dim"}
 
@@ -40,7 +40,7 @@ def render(rep: CompareReport, con: Console, quiet: bool = False, show_ok: bool 
     con.print(verdict_line(rep))
     for a in rep.assumptions:
         con.print(Text(f"note: {term(a)}", style="dim"))
-    if rep.alignment and rep.alignment.get("method") not in (None, "identical"):
+    if worth_showing(rep.alignment):
         con.print(Text(f"tokens: {term(alignment_line(rep.alignment))}", style="dim"))
     if rep.slots:
         t = Table(title="aux slots", title_justify="left", show_edge=False, pad_edge=False)

@@ -20,7 +20,8 @@ _PR = "conventions.md 'who means what by layer id'"
       "(V2: top level only); vLLM PR #50170 (fallback gave 1.2% acceptance instead of 58.9%)",
       "write the ids the draft was trained on under the key the runtime reads, in its convention")
 def default_fallback(ctx: Context) -> Iterator[Hit]:
-    plan, d = ctx.need_plan(), ctx.need_config()
+    plan = ctx.need_plan()
+    ctx.need_config()  # the rule needs the draft config (its absence is "not evaluated")
     if not plan.default_used:
         return
     src = id_source(plan.runtime, plan.version, plan.runner)

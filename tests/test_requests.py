@@ -1,0 +1,65 @@
+"""One request per pipeline (issue 24): every entry point builds a CompareRequest or a
+ReplayRequest, whose validation names the field and refuses an unknown option."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from consistency.compare.request import CompareRequest
+from consistency.errors import UsageError
+from consistency.replay.request import ReplayRequest
+
+
+@pytest.mark.parametrize("options, needle", [
+    ({"threshhold": 1e-3}, "unknown option threshhold"),
+    ({"threshold": -1.0}, "threshold must be a finite number >= 0"),
+    ({"rtol": math.nan}, "rtol must be a finite number >= 0"),
+    ({"atol": "0.1"}, "atol must be a number"),
+    ({"tolerance": ["aux.0"]}, "tolerance: "),
+    ({"tolerance": {"aux.0": -2}}, "tolerance aux.0 must be a finite number >= 0"),
+    ({"layer_ids": "2,x"}, "layer_ids: cannot parse"),
+    ({"convention": "sglangg"}, "convention"),
+])
+def test_compare_request_names_the_field(options, needle):
+    with pytest.raises(UsageError) as e:
+        CompareRequest.build("a.safetensors", "b.safetensors", **options)
+    assert needle in str(e.value) and "--" not in str(e.value).split(":")[0]
+
+
+def test_compare_request_normalises_what_entry_points_spell_differently():
+    req = CompareRequest.build("a", "b", tolerance={"aux\\.2": 1e-3}, layer_ids="2,30,58", progress=True)
+    assert req.tolerance == ("aux\\.2=0.001",) and req.layer_ids == (2, 30, 58) and req.progress is None
+    assert req.tolerance_model().rules[0].floor == 1e-3
+
+
+@pytest.mark.parametrize("options, needle", [
+    ({"maxdrop": 3}, "unknown option maxdrop"),
+    ({"steps": 0}, "steps must be an integer between 1 and 64"),
+    ({"max_drop_points": -1}, "max_drop_points must be a finite number >= 0"),
+    ({"max_drop": 3, "max_drop_points": 4}, "give one (max_drop_points"),
+    ({"min_acceptance": 1.5}, "min_acceptance is a fraction"),
+    ({"feed": "greedy"}, "feed must be one of auto, own, teacher"),
+    ({"method": "medusa"}, "method must be one of"),
+    ({"overrides": {"norm_output": "yes"}}, "overrides must map"),
+])
+def test_replay_request_names_the_field(options, needle):
+    with pytest.raises(UsageError) as e:
+        ReplayRequest.build("draft", "a", "b", **options)
+    assert needle in str(e.value)
+
+
+def test_replay_request_takes_the_older_name_of_the_limit():
+    assert ReplayRequest.build("d", "a", "b", max_drop=7).max_drop_points == 7.0
+    assert ReplayRequest.build("d", "a", "b").max_drop_points == 5.0
+
+
+def test_the_api_refuses_an_unknown_compare_option(tmp_path):
+    import numpy as np
+
+    import consistency
+
+    with pytest.raises(UsageError, match="unknown option tolerence"):
+        consistency.compare({"aux.0": np.ones((2, 4), np.float32)}, {"aux.0": np.ones((2, 4), np.float32)},
+                            tolerence=["x=1"])
