@@ -145,12 +145,14 @@ def _matches_something(ctx: Context, cand: TensorView, ident: identify.Identific
 
 def _adjacent_recorded(ctx: Context, e: Entry, rw: Rows) -> bool:
     """Drift past 10x the floor needs the neighbouring streams in the reference to rule
-    out an off-by-one: a thin reference cannot tell a one-layer offset from drift."""
+    out an off-by-one: a thin reference cannot tell a one-layer offset from drift. Stream
+    s + 1 may be missing only at the model's top, N from the plan (the metadata or a
+    declaration): the highest stream a reference records is not the top."""
     s = e.expect.stream
     if s is None:
         return False
     have = ctx.recorded_streams(key(rw.cand))
-    return (s - 1 in have or s == 0) and (s + 1 in have or s == max(have, default=s))
+    return (s - 1 in have or s == 0) and (s + 1 in have or (ctx.plan.num_layers is not None and s == ctx.plan.num_layers))
 
 
 def _clear_best(rw: Rows, ident: identify.Identification | None) -> bool:

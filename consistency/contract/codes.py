@@ -78,8 +78,12 @@ CODES: dict[str, CodeSpec] = {c.code: c for c in (
          "and compare against an eager recording to see which graph and replay",
          "SGLang PR #23037 and #35546 (outputs detached from graph buffers a later replay overwrites); "
          "TensorRT-LLM PR #18207 (stale static input buffers)"),
-    Code("PARTIAL_SHARD", _E, "a tensor-parallel partial result: an all-reduce or gather is missing",
-         "capture after the all-reduce (or all-gather) of the tensor-parallel group", "seed story; vLLM PR #36731"),
+    Code("PARTIAL_SHARD", _E, "a partial result of a parallel group: a tensor-parallel all-reduce or gather, or an "
+         "expert-parallel MoE combine, is missing (the slot holds one rank's share of a block's output)",
+         "capture after the all-reduce (or all-gather) of the tensor-parallel group and after the MoE combine: a "
+         "reduction deferred into the next layer's fused add+norm has not happened yet at the layer boundary",
+         "seed story; vLLM PR #36731; SGLang layers/communicator.py should_fuse_mlp_allreduce_with_next_layer "
+         "(the MLP all-reduce fused into the next layer's add+RMSNorm)"),
     Code("SCALE_MISMATCH", _E, "values equal up to a constant factor (e.g. an embedding scale applied on one side)",
          "apply the same scale on both sides (embedding multiplier, sqrt(hidden) in Gemma-style models)"),
     Code("DTYPE_MISMATCH", _W, "dtypes differ", "none if values agree; otherwise record both sides in the serving dtype"),

@@ -9,7 +9,8 @@
 * **Zeros are not a norm**: an all-zero slot or a zeroed feature column fits "a norm with
   a weight" perfectly (the weight is zero); it is reported as what it is.
 * **Thin references**: training files that hold only the aux slots cannot rule out an
-  off-by-one layer; say so instead of calling it drift.
+  off-by-one layer; say so instead of calling it drift, and say where the slot lies
+  between the streams they do record (diagnose.thin).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import numpy as np
 
 from consistency.compare.engine import Comparison, Result, Status
 from consistency.contract.findings import Finding, with_property
-from consistency.diagnose import hypotheses, rownames
+from consistency.diagnose import rownames, shards, thin
 from consistency.diagnose.evidence import Evidence
 from consistency.diagnose.rootcause import fold_consequences
 from consistency.dump import names
@@ -34,7 +35,7 @@ def _fmt_rows(rows: list[int]) -> str:
 
 def bad_tokens(ev: Evidence, r: Result, label: str, base: dict, metrics: dict) -> Finding:
     """The tensor agrees except at a few positions: name them (first few and a count)."""
-    shard = hypotheses.partial_shard(ev, r)
+    shard = shards.partial_shard(ev, r)
     if shard is not None and _is_shard(ev, r, shard.detail):
         return Finding.make("PARTIAL_SHARD", f"{label} {shard.message}",
                             identified_as=ev.cmp.canonical(shard.identified_as),
@@ -60,13 +61,17 @@ def bad_tokens(ev: Evidence, r: Result, label: str, base: dict, metrics: dict) -
                                   "zero_rows": zero[:256], "rows_in_files": rownames.evidence(found)}, **base)
 
 
+SHARD_SUM_FLOORS = 3.0  # rank files: their sum must come within 3 floors of the expected tensor
+
+
 def _is_shard(ev: Evidence, r: Result, detail: dict) -> bool:
-    """Zero rows are a missing all-reduce only with evidence: rank files or metadata, or
-    exactly the tokens outside one vocab shard's id range."""
-    meta = ev.cmp.cand.metadata
-    if detail.get("ranks") or (meta is not None and (meta.world_size or 1) > 1):
-        return True
-    return detail.get("zero_rows_inside_range") == 0 and "shard_token_range" in detail
+    """A few bad rows are a missing all-reduce only with evidence: the rank files' sum is
+    the expected tensor, or the zero rows follow a shard (shards.partial_shard, which
+    returns nothing for rows that follow none, whatever the metadata's world size)."""
+    if detail.get("ranks"):
+        shard = shards.partial_shard(ev, r)
+        return shard is not None and shard.after <= SHARD_SUM_FLOORS * ev.cmp.pair_floor(r, user=False)[0]
+    return True
 
 
 def _zero_among(r: Result, rows: list[int]) -> list[int]:
@@ -95,16 +100,29 @@ def zeroed(ev: Evidence, r: Result, label: str, base: dict, metrics: dict) -> Fi
                         evidence={"columns": cols[:256], "count": len(cols)}, **base)
 
 
+def zero_rows(ev: Evidence, r: Result, label: str, base: dict, metrics: dict) -> Finding | None:
+    """Most token rows of a slot all zeros where the reference's are not, following no shard
+    (that is PARTIAL_SHARD, tried first): an unwritten buffer, not an unexplained difference.
+    Slots only: a stream or block output downstream of a divergence stays UNKNOWN, so it
+    folds into its root cause (an EP partial on a diverged input also has zero rows)."""
+    c, e = ev.cand(r), ev.expected(r)
+    if c is None or e is None or r.slot is None:
+        return None
+    zero = ~(c != 0).any(axis=1) & (e != 0).any(axis=1)
+    if zero.sum() < 2 or zero.mean() <= 0.5:
+        return None
+    idx = ev.index(r)
+    rows = [int(idx[i]) for i in np.flatnonzero(zero)] if idx is not None else [int(i) for i in np.flatnonzero(zero)]
+    return Finding.make("ZERO_VALUES", f"{label}: {int(zero.sum())} of {len(zero)} sampled token rows are all zeros "
+                        f"where the reference's are not (rows {_fmt_rows(rows)}), and they follow no vocab or expert "
+                        f"shard: a capture buffer written for some tokens only", metrics=metrics,
+                        evidence={"token_rows": rows[:256], "count": len(rows), "sampled_rows": len(zero)}, **base)
+
+
 def thin_note(ev: Evidence, r: Result) -> str:
-    """Why an unexplained difference may still be an off-by-one layer."""
-    s = r.expected_stream
-    if s is None:
-        return ""
-    have = sorted(ev.cmp.recorded_streams((r.cand.rows, r.cand.cols)))
-    if (s - 1 in have or s == 0) and s + 1 in have:
-        return ""
-    return (f" The reference records streams {have or 'none'} only: an adjacent layer (off by one) cannot be "
-            f"ruled out; record every stream on the reference side to tell.")
+    """Why an unexplained difference may still be another layer, and where the slot lies
+    between the streams a thin reference records (diagnose.thin)."""
+    return thin.note(ev, r)
 
 
 def group_consequences(cmp: Comparison, findings: list[Finding]) -> list[Finding]:

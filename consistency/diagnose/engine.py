@@ -15,7 +15,7 @@ from typing import Any
 from consistency.compare.engine import Comparison, Status
 from consistency.compare.types import CHECKED
 from consistency.contract.findings import CODES, Finding, Severity
-from consistency.diagnose import causes, draft_steps, row_pairs, story, words
+from consistency.diagnose import causes, draft_steps, row_pairs, story, thin, words
 from consistency.diagnose.evidence import Evidence
 from consistency.diagnose.results import finding
 from consistency.dump import names
@@ -27,11 +27,14 @@ def explain(cmp: Comparison) -> tuple[list[Finding], story.Story | None]:
     ev = Evidence(cmp)
     findings: list[Finding] = []
     actual: dict[int, int | None] = {}
+    unexplained: dict[int, bool] = {}
     for r in cmp.results:
         f, stream = (row_pairs.unpaired_rows(r), None) if row_pairs.no_rows(r) else _result(ev, r)
         findings.extend(row_pairs.annotate(r, f))  # rows paired by anchor: what was compared, what one side has
         if r.slot is not None:
             actual[r.slot] = stream
+            errors = [x.code for x in f if x.severity == Severity.error]
+            unexplained[r.slot] = bool(errors) and set(errors) == {"UNKNOWN"}
     for name in cmp.plan.missing:
         findings.append(Finding.make("MISSING", f"{name}: the reference has it (or the contract expects it); "
                                      f"the candidate does not", tensor=None, expected=name))
@@ -52,7 +55,7 @@ def explain(cmp: Comparison) -> tuple[list[Finding], story.Story | None]:
         findings.append(Finding.make("EXTRA", f"{name}: only in the candidate; not compared", tensor=name))
     findings = causes.group_consequences(cmp, findings)
     findings = draft_steps.group_steps(cmp, draft_steps.annotate_step0(cmp, findings))  # MTP, EAGLE-1, Medusa
-    st = _story(cmp, ev, actual)
+    st = _story(cmp, ev, actual, unexplained)
     if st is not None and st.code != "LAYER_MISMATCH":
         findings.insert(0, Finding.make(st.code, st.sentence, tensor=names.AUX, evidence=st.detail))
     lead = [f for f in findings if f.severity == Severity.error and CODES[f.code].leads]
@@ -68,7 +71,8 @@ def _result(ev: Evidence, r: Any) -> tuple[list[Finding], int | None]:
     return finding(ev, r)
 
 
-def _story(cmp: Comparison, ev: Evidence, actual: dict[int, int | None]) -> story.Story | None:
+def _story(cmp: Comparison, ev: Evidence, actual: dict[int, int | None],
+           unexplained: dict[int, bool]) -> story.Story | None:
     cand_side, ref_side = cmp.plan.cand.label, cmp.plan.ref.label
     slots = sorted((r for r in cmp.results if r.slot is not None), key=lambda r: r.slot or 0)
     if not slots or [r.slot for r in slots] != list(range(len(slots))):
@@ -76,6 +80,8 @@ def _story(cmp: Comparison, ev: Evidence, actual: dict[int, int | None]) -> stor
     expected = [r.expected_stream if not r.post_norm else None for r in slots]
     got = [actual.get(r.slot or 0) for r in slots]
     st = story.tell(expected, got, cand_side, ref_side, ev._num_layers())
+    if st is None:  # a thin reference: where the slots lie between the streams it records (values, not claims)
+        st = thin.story(ev, slots, [unexplained.get(r.slot or 0, False) for r in slots], cand_side, ref_side)
     claimed = cmp.plan.cand.claimed_streams
     if st is None and all(g is None for g in got) and claimed and len(claimed) == len(slots) \
             and not any(r.status in (Status.unpaired, Status.ok) for r in slots):

@@ -132,6 +132,16 @@ def fit_column_scale(target: np.ndarray, basis: np.ndarray) -> np.ndarray:
     return w
 
 
+def fit_column_affine(target: np.ndarray, basis: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Least-squares per-column (w, b) with target ~= w * basis + b (a LayerNorm's weight and bias)."""
+    bm, tm = basis.mean(axis=0), target.mean(axis=0)
+    bc = basis - bm
+    den = (bc * bc).sum(axis=0)
+    w = np.ones(basis.shape[1])
+    np.divide((bc * (target - tm)).sum(axis=0), den, out=w, where=den > 0)
+    return w, tm - w * bm
+
+
 def fit_scalar(target: np.ndarray, basis: np.ndarray) -> float:
     den = float((basis * basis).sum())
     return float((target * basis).sum()) / den if den > 0 else 1.0

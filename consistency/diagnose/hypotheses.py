@@ -21,6 +21,7 @@ from consistency.contract.findings import CODES
 from consistency.diagnose import draft_steps, stale
 from consistency.diagnose.evidence import Evidence, Explanation, fit_scalar
 from consistency.diagnose.normfit import looks_normed, norm_fit
+from consistency.diagnose.shards import partial_shard
 from consistency.dump import names
 
 Test = Callable[[Evidence, Result], "Explanation | None"]
@@ -102,39 +103,43 @@ def stream_for_unnamed_slot(ev: Evidence, r: Result) -> Explanation | None:
 
 
 def residual_missing(ev: Evidence, r: Result) -> Explanation | None:
-    """hidden_states.clone() where hidden_states + residual was meant: a block delta."""
+    """hidden_states.clone() where hidden_states + residual was meant: a block delta.
+
+    Only the blocks next to the expected stream s are tried (layers s-1 and s: their
+    attention and MLP outputs, and for parallel blocks -- GPT-NeoX, Cohere, Falcon, one
+    residual add per layer -- their sum), pair by pair: O(1) per mismatched tensor, never a
+    distance row over every reference tensor (thousands of differing tensors stay linear)."""
     before, c = ev.before(r), ev.cand(r)
     if before is None or c is None or r.ref is None:
         return None
     proof = _from_components(ev, r, c, before)
     if proof is not None:
         return proof
-    fp = ev.cmp.ref_fp.get(ev.key(r))
-    cfp = ev.cmp.cand_fp.get(ev.key(r))
-    at = fp.of_kind(names.MLP_OUT, names.ATTN_OUT) if fp is not None else np.zeros(0, np.int64)
-    best: tuple[float, str] | None = None
-    if len(at) and cfp is not None and r.cand.name in cfp:  # one batched distance row, not one pass per delta
-        dist = cfp.distances(r.cand.name, fp)[at]
-        i = int(np.argmin(dist))
-        best = (float(dist[i]), fp.names[int(at[i])])
-    if best is not None:
-        d, n = best
-        k = names.parse(n).index
-        kind = "MLP" if names.parse(n).kind == names.MLP_OUT else "attention"
-        return Explanation("RESIDUAL_MISSING", f"holds layer {k}'s {kind} delta ({n}), not the residual stream: "
-                           f"residual not added", before, d, n, {"layer": k, "block": kind})
-    # No parts recorded: judge by the norm profile. A block delta is much smaller than the
-    # stream, matches no stream, and removing it from the stream moves it toward the
-    # previous stream (what is left is stream s-1 plus the other block's delta).
     s = r.expected_stream if not r.post_norm else None
-    if s is None or s == 0 or (r.ident and r.ident.best and r.ident.best.distance <= ev.cmp.tol.dtype_floor(r.cand.dtype, r.ref.dtype)):
+    if s is None or s == 0:
+        return None
+    best = _nearest_delta(ev, r, c, s)
+    if best is not None:
+        d, k, kind, name = best
+        what = f"layer {k}'s whole delta (attention + MLP: {name})" if kind == "layer" else \
+            f"layer {k}'s {kind} delta ({name})"
+        return Explanation("RESIDUAL_MISSING", f"holds {what}, not the residual stream: residual not added", before, d,
+                           name if kind != "layer" else None, {"layer": k, "block": kind})
+    if r.ident and r.ident.best and r.ident.best.distance <= ev.cmp.tol.dtype_floor(r.cand.dtype, r.ref.dtype):
         return None
     prev, cur = ev.ref(r, names.hidden(s - 1)), ev.expected(r)
     if prev is None or cur is None:
         return None
+    after = token_distance(c + prev, cur)  # add back the residual we can see (stream s-1)
+    if after <= HOLD_EXACT * ev.cmp.pair_floor(r, user=False)[0]:  # stream s minus stream s-1: the layer's delta
+        return Explanation("RESIDUAL_MISSING", f"holds layer {s - 1}'s whole delta (stream {s} minus stream {s - 1}), "
+                           "not the residual stream: residual not added", before, after, None,
+                           {"layer": s - 1, "block": "layer", "proof": "streams"})
+    # No parts recorded: judge by the norm profile. A block delta is much smaller than the
+    # stream, matches no stream, and removing it from the stream moves it toward the
+    # previous stream (what is left is stream s-1 plus the other block's delta).
     ratio = median(np.linalg.norm(c, axis=1) / np.maximum(np.linalg.norm(cur, axis=1), 1e-30))
     toward = token_distance(cur - c, prev) / max(token_distance(cur, prev), 1e-30)
-    after = token_distance(c + prev, cur)  # add back the residual we can see (stream s-1)
     if ratio < 0.5 and toward < 1.0 and after < 0.5 * before:
         return Explanation("RESIDUAL_MISSING", f"looks like layer {s - 1}'s block delta, not stream {s}: its norm is "
                            f"{ratio:.2f}x the stream's and removing it moves stream {s} toward stream {s - 1} "
@@ -142,6 +147,26 @@ def residual_missing(ev: Evidence, r: Result) -> Explanation | None:
                            {"layer": s - 1, "norm_ratio": round(ratio, 4), "toward_previous": round(toward, 4)},
                            approximate=True)
     return None
+
+
+HOLD_EXACT = 3.0  # results.HOLD_FACTOR: an exact explanation leaves at most 3x the noise floor
+
+
+def _nearest_delta(ev: Evidence, r: Result, c: np.ndarray, s: int) -> tuple[float, int, str, str] | None:
+    """The block delta of layer s-1 or s nearest the candidate: (distance, layer, kind, name)."""
+    fp, cfp = ev.cmp.ref_fp.get(ev.key(r)), ev.cmp.cand_fp.get(ev.key(r))
+    if fp is None or cfp is None or r.cand.name not in cfp:
+        return None
+    best: tuple[float, int, str, str] | None = None
+    for k in (s - 1, s):
+        a, m = names.attn_out(k), names.mlp_out(k)
+        got = [(cfp.distance(r.cand.name, n, fp), k, kind, n) for n, kind in ((m, "MLP"), (a, "attention")) if n in fp]
+        if a in fp and m in fp:
+            got.append((token_distance(c, fp.rows(a) + fp.rows(m)), k, "layer", f"{a} + {m}"))
+        for g in got:
+            if best is None or g[0] < best[0]:
+                best = g
+    return best
 
 
 def _from_components(ev: Evidence, r: Result, c: np.ndarray, before: float) -> Explanation | None:
@@ -260,94 +285,28 @@ def scale_mismatch(ev: Evidence, r: Result) -> Explanation | None:
         if abs(a / v - 1) < 0.01:
             hint = f" = {label}, an embedding scale applied on one side only"
             detail["matches"] = label
+    if not hint and abs(a) > 1e-6:
+        inv = 1 / a
+        for v, label in ((a, f"{round(a)}"), (inv, f"1/{round(inv)}")):
+            if abs(v) >= 2 and abs(v - round(v)) <= 0.01 * abs(v):
+                hint = f" (= {label})"
+                break
+    if r.expected_stream == 0 and not r.post_norm:
+        arch = _architecture(ev)
+        hint += ("; slot 0 holds the embedding, so it is an embedding multiplier applied on one side only "
+                 "(Gemma's sqrt(hidden_size) normalizer, Granite's embedding_multiplier"
+                 + (f"; the target is a {arch}" if arch else "") + ")") if "sqrt" not in hint else \
+            (f" (the target is a {arch})" if arch else "")
+        detail["embedding"] = True
     return Explanation("SCALE_MISMATCH", f"equals the expected tensor times {a:.4g}{hint}", before, d,
                        r.ref.name if r.ref else None, detail)
 
 
-def partial_shard(ev: Evidence, r: Result) -> Explanation | None:
-    """A missing all-reduce. With every rank's file: the ranks' copies sum to the expected
-    tensor. With one rank's file: a vocab-parallel embedding's in-shard rows are exact and
-    the rest zero."""
-    before, c, e = ev.before(r), ev.cand(r), ev.expected(r)
-    if before is None or c is None or e is None:
-        return None
-    summed = _rank_sum(ev, r)
-    if summed is not None:
-        d = token_distance(summed[0], e)
-        zero = _zero_rows_by_rank(ev, r)
-        where = "; ".join(f"rank {k}: {len(v)} zero token rows {v[:8]}{'...' if len(v) > 8 else ''}"
-                          for k, v in zero.items() if v)
-        return Explanation("PARTIAL_SHARD", f"is rank 0's partial result: the {summed[1]} ranks' copies sum to the "
-                           f"expected tensor, so an all-reduce is missing" + (f" ({where})" if where else ""),
-                           before, d, r.ref.name if r.ref else None,
-                           {"ranks": summed[1], "zero_token_rows_by_rank": {str(k): v[:64] for k, v in zero.items()}})
-    zero = np.linalg.norm(c, axis=1) == 0
-    if not zero.any() or zero.all():
-        return None
-    kept = ~zero
-    d_kept = token_distance(c[kept], e[kept])
-    masked = np.where(zero[:, None], 0.0, e)
-    d = token_distance(c, masked)
-    detail: dict = {"zero_rows": int(zero.sum()), "sampled_rows": int(len(zero)), "kept_rel_diff": d_kept}
-    ids = ev.input_ids("cand") if ev.input_ids("cand") is not None else ev.input_ids("ref")
-    idx = ev.index(r)
-    msg = f"{int(zero.sum())} of {len(zero)} sampled token rows are zero and the rest match"
-    if ids is not None and idx is not None and len(ids) >= r.cand.rows:
-        tok = ids[idx]
-        lo, hi = int(tok[kept].min()), int(tok[kept].max())
-        inside_zero = int(((tok >= lo) & (tok <= hi) & zero).sum())
-        detail.update(shard_token_range=[lo, hi], zero_rows_inside_range=inside_zero)
-        msg += f"; the non-zero rows are exactly the tokens with ids in [{lo}, {hi}]" if inside_zero == 0 else ""
-    all_rows = _zero_rows(r)
-    if all_rows is not None:
-        detail["zero_token_rows"] = all_rows[:64]
-        detail["zero_token_count"] = len(all_rows)
-        msg += f"; zero token rows: {all_rows[:8]}{'...' if len(all_rows) > 8 else ''} ({len(all_rows)} in all)"
-    meta = ev.cmp.cand.metadata
-    if meta is not None and meta.rank is not None:
-        detail["rank"], detail["world_size"] = meta.rank, meta.world_size
-        msg = f"rank {meta.rank} of {meta.world_size}: " + msg
-    return Explanation("PARTIAL_SHARD", msg + ": a vocab-parallel embedding without its all-reduce", before, d,
-                       r.ref.name if r.ref else None, detail)
-
-
-def _rank_sum(ev: Evidence, r: Result) -> tuple[np.ndarray, int] | None:
-    """Sampled rows of the candidate summed over tensor-parallel ranks (rank files only)."""
-    idx = ev.index(r)
-    views = ev.cmp.cand.rank_views(r.cand.name)
-    if not views or len(views) < 2 or idx is None or any(v.rows != r.cand.rows or v.cols != r.cand.cols for v in views):
-        return None
-    total = np.zeros((len(idx), r.cand.cols))
-    for v in views:
-        x = v.take_rows(idx, np.float64)
-        x[~np.isfinite(x)] = 0.0
-        total += x
-    return total, len(views)
-
-
-def _zero_rows_by_rank(ev: Evidence, r: Result) -> dict[int, list[int]]:
-    views = ev.cmp.cand.rank_views(r.cand.name)
-    out: dict[int, list[int]] = {}
-    for k, v in enumerate(views or []):
-        if v.nbytes > 256 * 1024 * 1024:
-            continue
-        rows: list[int] = []
-        for start in range(0, v.rows, 4096):
-            chunk = v.rows_float(start, start + 4096)
-            rows.extend(int(start + i) for i in np.flatnonzero(~(chunk != 0).any(axis=1)))
-        out[k] = rows
-    return out
-
-
-def _zero_rows(r: Result) -> list[int] | None:
-    """Every all-zero token row of the candidate (bounded: skipped for huge tensors)."""
-    if r.cand.nbytes > 512 * 1024 * 1024:
-        return None
-    rows: list[int] = []
-    for start in range(0, r.cand.rows, 4096):
-        chunk = r.cand.rows_float(start, start + 4096)
-        rows.extend(int(start + i) for i in np.flatnonzero(~(chunk != 0).any(axis=1)))
-    return rows
+def _architecture(ev: Evidence) -> str | None:
+    for meta in (ev.cmp.ref.metadata, ev.cmp.cand.metadata):
+        if meta is not None and meta.model is not None and meta.model.architecture:
+            return meta.model.architecture
+    return None
 
 
 REGISTRY: tuple[Hypothesis, ...] = (

@@ -10,16 +10,17 @@ from __future__ import annotations
 
 import math
 
-from consistency.compare.engine import Comparison, Result, Status
+from consistency.compare.engine import DRIFT_TOKEN_CAP, Comparison, Result, Status
 from consistency.compare.tolerance import AMBIGUOUS_RATIO, DRIFT_ERROR_FACTOR
 from consistency.contract.findings import Finding, Severity
-from consistency.diagnose import causes, draft_steps, hypotheses, rownames, stale, words
+from consistency.diagnose import causes, draft_steps, hypotheses, partial, rownames, stale, words
 from consistency.diagnose.evidence import Evidence, Explanation
 from consistency.dump import names
 
 HOLD_FACTOR = 3.0  # an exact explanation must leave at most 3x the noise floor
 EXPLAINS = 0.25  # ... and remove at least 3/4 of the difference (a 3.9e-5 -> 3.8e-5 "scale" explains nothing)
 APPROX_FACTOR = 0.5  # an approximate one must at least halve the distance (and pass its own checks)
+NOT_DRIFT = 10 * DRIFT_TOKEN_CAP  # a token 1,000x the floor is a different vector, never drift (issue 24)
 
 
 def _slot_label(r: Result) -> str:
@@ -169,7 +170,16 @@ def _explain(ev: Evidence, r: Result, label: str, base: dict, metrics: dict) -> 
         return [Finding.make(x.code, f"{label} {x.message}", identified_as=ev.cmp.canonical(x.identified_as), metrics=metrics,
                              evidence=ev_d, **base)], stream
     d = r.metrics.token_rel_diff
-    if r.status == Status.drift:
+    part = partial.find(ev, r)
+    if part is not None and part.split:  # a block only partly there: a missing all-reduce / MoE combine, not drift
+        return [Finding.make("PARTIAL_SHARD", f"{label} {partial.sentence(ev, part)}", metrics=metrics,
+                             evidence={"layer": part.layer, "block": part.block, "block_output": part.tensor,
+                                       "missing_share": _g(part.share), "split_cos": _g(part.cos),
+                                       "partial_rows": part.partial_rows, "whole_rows": part.whole_rows,
+                                       "sampled_rows": part.rows, "proven_by_ranks": part.proven_by,
+                                       "approximate": not part.proven_by}, **base)], None
+    worst = float(r.metrics.per_row.max()) if r.metrics.per_row is not None and r.metrics.per_row.size else d
+    if r.status == Status.drift and worst <= NOT_DRIFT * r.floor:
         strict = ev.cmp.tol.elementwise_strict and r.metrics.mismatched > 0  # --rtol/--atol: any element outside fails
         sev = Severity.warning if d <= DRIFT_ERROR_FACTOR * r.floor and not strict else Severity.error
         gap = r.ident.gap if r.ident else None
@@ -181,9 +191,9 @@ def _explain(ev: Evidence, r: Result, label: str, base: dict, metrics: dict) -> 
                                 f"(--rtol/--atol given)" if strict else ""),
                              severity=sev, identified_as=r.holds or ev.cmp.canonical(r.expected), metrics=metrics,
                              **base)], r.expected_stream
-    other = _matched_other(ev, r, label, base, metrics)
+    other = _matched_other(ev, r, label, base, metrics) or causes.zero_rows(ev, r, label, base, metrics)
     if other is not None:
-        return [other], r.holds_stream
+        return [other], r.holds_stream if other.code == "LAYER_MISMATCH" else None
     near = ", ".join(f"{ev.cmp.canonical(x.name)} ({x.distance:.3g})" for x in (r.ident.ranking[:3] if r.ident else []))
     thin = causes.thin_note(ev, r)
     return [Finding.make("UNKNOWN", f"{label} differs from {ev.stream_name(r.expected or '')} (token rel_diff {d:.3g}, "

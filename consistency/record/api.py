@@ -113,7 +113,7 @@ def record_serving(model: Any, input_ids: Any, path: str | Path, streams: Sequen
     """The aux slots a fused-residual runtime would feed the draft, captured its way."""
     import torch
 
-    from consistency.record.fused import FusedDecoder
+    from consistency.record.fused import FusedDecoder, check
 
     if dtype is not None:
         model = model.to(getattr(torch, dtype))
@@ -124,9 +124,11 @@ def record_serving(model: Any, input_ids: Any, path: str | Path, streams: Sequen
                         model=model_info(model.config))
     meta.aux = aux_info(order, list(native_ids) if native_ids is not None else None, convention,
                         residual=Residual.delta.value if capture_mode == "clone" else Residual.stream.value)
+    loop = FusedDecoder(model, order, capture_mode=capture_mode, record_components=components)
     with Recorder(path, meta, force=force, strict=True) as rec:
         rec.capture(names.INPUT_IDS, ids[0] if ids.shape[0] == 1 else ids)
-        FusedDecoder(model, order, capture_mode=capture_mode, record_components=components)(ids)  # type: ignore[arg-type]
+        final, _aux = loop(ids)  # type: ignore[arg-type]
+        check(model, ids, final)  # before the file is written: a wrong loop leaves nothing behind
     assert rec.written is not None
     return rec.written
 

@@ -2,9 +2,17 @@
 
 ``output_hidden_states`` is not enough: its last element is post-norm, so stream N is only
 reachable with a hook on the last decoder layer. Hooks give ``hidden.0..N`` (pre-norm),
-each block's delta (``attn_out.k``, ``mlp_out.k``), ``final_norm`` and ``logits``, and
-the additive identity ``hidden.{k+1} = hidden.k + attn_out.k + mlp_out.k`` is checked so
-a post-norm architecture never gets mislabelled deltas.
+each block's delta (``attn_out.k``, ``mlp_out.k``: what the block *adds* to the stream),
+``final_norm`` and ``logits``, and the additive identity
+``hidden.{k+1} = hidden.k + attn_out.k + mlp_out.k`` is checked so no architecture gets
+mislabelled deltas.
+
+What a block adds is not always its module's output: sandwich norms (Gemma2/3, OLMo2) add
+``post_attention_layernorm(attn(x))`` and ``post_feedforward_layernorm(mlp(x))``; Granite adds
+``residual_multiplier * block(x)``. The recorder hooks those norms too and keeps, per layer,
+the first reading under which the identity holds (plain outputs first), so the deltas are
+what the stream really receives. Parallel blocks (GPT-NeoX, Cohere, Falcon:
+``x + attn(ln(x)) + mlp(ln(x))``) satisfy the identity with the plain outputs.
 """
 
 from __future__ import annotations
@@ -18,7 +26,11 @@ from consistency.dump import names
 
 _ATTN = ("self_attn", "attn", "self_attention", "attention")
 _MLP = ("mlp", "feed_forward", "block_sparse_moe", "ffn")
-_FINAL_NORM = ("norm", "ln_f", "final_layernorm", "norm_f", "final_norm")
+_FINAL_NORM = ("norm", "ln_f", "final_layernorm", "final_layer_norm", "norm_f", "final_norm")  # GPT-NeoX: final_layer_norm
+# norms applied to a block's output before it is added (sandwich norms: Gemma2/3, OLMo2). Llama's
+# post_attention_layernorm is the MLP's *input* norm: the identity check tells the two apart.
+_POST_ATTN = ("post_attention_layernorm", "post_attn_norm", "post_self_attn_layernorm")
+_POST_MLP = ("post_feedforward_layernorm", "post_mlp_layernorm", "post_ffw_norm")
 
 
 def find_layers(model: torch.nn.Module) -> tuple[str, torch.nn.ModuleList]:
@@ -75,14 +87,18 @@ def capture_streams(model: torch.nn.Module, input_ids: torch.Tensor, components:
         keep(names.hidden(0), h)
 
     handles.append(layers[0].register_forward_pre_hook(pre0, with_kwargs=True))
+    parts: dict[tuple[int, str], torch.Tensor] = {}  # (layer, role) -> a candidate reading of a block's delta
+
+    def part(k: int, role: str, t: torch.Tensor) -> None:
+        parts[(k, role)] = t.detach().to("cpu", copy=True)  # a copy: Falcon adds to its MLP output in place
+
     for k, layer in enumerate(layers):
         handles.append(layer.register_forward_hook(lambda _m, _a, o, k=k: keep(names.hidden(k + 1), _first(o))))
         if components:
-            attn, mlp = _child(layer, _ATTN), _child(layer, _MLP)
-            if attn is not None:
-                handles.append(attn.register_forward_hook(lambda _m, _a, o, k=k: keep(names.attn_out(k), _first(o))))
-            if mlp is not None:
-                handles.append(mlp.register_forward_hook(lambda _m, _a, o, k=k: keep(names.mlp_out(k), _first(o))))
+            for role, attrs in (("attn", _ATTN), ("mlp", _MLP), ("post_attn", _POST_ATTN), ("post_mlp", _POST_MLP)):
+                mod = _child(layer, attrs)
+                if mod is not None:
+                    handles.append(mod.register_forward_hook(lambda _m, _a, o, k=k, r=role: part(k, r, _first(o))))
     norm = find_final_norm(model, path)
     if norm is not None:
         handles.append(norm.register_forward_hook(lambda _m, _a, o: keep(names.FINAL_NORM, _first(o))))
@@ -95,27 +111,57 @@ def capture_streams(model: torch.nn.Module, input_ids: torch.Tensor, components:
     if logits and getattr(result, "logits", None) is not None:
         keep(names.LOGITS, result.logits)
     if components:
-        _check_components(out, len(layers), notes)
+        _components(out, parts, len(layers), _residual_scale(model), notes)
     return out, notes
 
 
-def _check_components(out: dict[str, torch.Tensor], n: int, notes: list[str]) -> None:
-    """Drop deltas that do not add up to the next stream (post-norm blocks, parallel blocks)."""
+def _residual_scale(model: torch.nn.Module) -> float | None:
+    """Granite's ``residual_multiplier`` (each block's output is scaled before the add)."""
+    cfg = getattr(model, "config", None)
+    cfg = getattr(cfg, "text_config", None) or cfg
+    c = getattr(cfg, "residual_multiplier", None)
+    return float(c) if isinstance(c, (int, float)) and c not in (0, 1) else None
+
+
+def _components(out: dict[str, torch.Tensor], parts: dict[tuple[int, str], torch.Tensor], n: int,
+                scale: float | None, notes: list[str]) -> None:
+    """Per layer, the deltas the stream really receives: the first reading (plain block
+    outputs, then post-block norms, each times 1 or the residual multiplier) under which
+    ``hidden.k + attn + mlp == hidden.{k+1}``; none (with a note) when no reading adds up."""
+    used: set[str] = set()
     for k in range(n):
-        a, m = out.get(names.attn_out(k)), out.get(names.mlp_out(k))
         h0, h1 = out.get(names.hidden(k)), out.get(names.hidden(k + 1))
-        if a is None or m is None or h0 is None or h1 is None or a.shape != h0.shape or m.shape != h0.shape:
-            out.pop(names.attn_out(k), None)
-            out.pop(names.mlp_out(k), None)
+        found = None
+        if h0 is not None and h1 is not None:
+            tol = 2e-2 if h1.dtype in (torch.bfloat16, torch.float16) else 1e-4
+            err = float("inf")
+            for a_role, m_role, c in _readings(scale):
+                a, m = parts.get((k, a_role)), parts.get((k, m_role))
+                if a is None or m is None or a.shape != h0.shape or m.shape != h0.shape:
+                    continue
+                s = h0.double() + c * (a.double() + m.double())
+                e = float((s - h1.double()).norm() / h1.double().norm().clamp_min(1e-30))
+                err = min(err, e)
+                if e <= tol:
+                    found = (a, m, c, f"{a_role}/{m_role}" + (f" x {c:g}" if c != 1 else ""))
+                    break
+        if found is None:
+            if (k, "attn") in parts or (k, "mlp") in parts:
+                notes.append(f"layer {k}: attention/MLP outputs do not add up to the next stream "
+                             f"(relative error {err:.1e}); components not recorded")
             continue
-        s = h0.double() + a.double() + m.double()
-        err = float((s - h1.double()).norm() / h1.double().norm().clamp_min(1e-30))
-        tol = 2e-2 if h1.dtype in (torch.bfloat16, torch.float16) else 1e-4
-        if err > tol:
-            out.pop(names.attn_out(k))
-            out.pop(names.mlp_out(k))
-            notes.append(f"layer {k}: attention/MLP outputs do not add up to the next stream "
-                         f"(relative error {err:.1e}); components not recorded")
+        a, m, c, how = found
+        out[names.attn_out(k)] = a if c == 1 else (a.double() * c).to(a.dtype)
+        out[names.mlp_out(k)] = m if c == 1 else (m.double() * c).to(m.dtype)
+        used.add(how)
+    if used - {"attn/mlp"}:
+        notes.append("block deltas read as " + ", ".join(sorted(used)) + " (what each block adds to the stream: "
+                     "post-block norms and residual multipliers included)")
+
+
+def _readings(scale: float | None) -> list[tuple[str, str, float]]:
+    pairs = [("attn", "mlp"), ("post_attn", "post_mlp"), ("attn", "post_mlp"), ("post_attn", "mlp")]
+    return [(a, m, c) for c in ((1.0, scale) if scale else (1.0,)) for a, m in pairs]
 
 def _max_stream(streams: dict[str, torch.Tensor]) -> int:
     return max((names.stream_of(n) or 0) for n in streams)

@@ -113,8 +113,10 @@ def real_bf16(archs: tuple[str, ...] = TINY, tokens: int = 64) -> list[Scenario]
 
 
 def table() -> list[Scenario]:
+    from tests.scenarios import arch_faults
+
     cases = (every_fault(TINY[0]) + across_archs() + containers_dtypes("qwen2") + speculators("qwen3")
-             + real_bf16())
+             + real_bf16() + arch_faults.table())
     seen, out = set(), []
     for sc in cases:
         if sc not in seen:

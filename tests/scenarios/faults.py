@@ -387,6 +387,7 @@ def variant_of(sc: Scenario) -> Scenario:
 
 from tests.scenarios.damage import DAMAGE  # noqa: E402  (damaged values, layouts, slot counts)
 from tests.scenarios.structure import STRUCTURE  # noqa: E402  (the whole-dump faults)
+from tests.scenarios.arch_faults import ARCH  # noqa: E402  (causes beyond Llama-style pre-norm)
 
 _FAULTS = {name[2:]: fn for name, fn in list(globals().items()) if name.startswith("f_") and callable(fn)}
-_FAULTS |= DAMAGE | STRUCTURE
+_FAULTS |= DAMAGE | STRUCTURE | ARCH
