@@ -102,11 +102,12 @@ def read_for(ref: Any, declared: Any, stack: ExitStack) -> tuple[Any, list[str]]
     """A training file two drafts read differently (speculators: EAGLE-3 the first slots, MTP
     the last) is read the way the declared draft reads it."""
     from consistency.compare.expect import LAST_STATE
-    from consistency.dump.formats.speculators import as_mtp
 
     c = declared.consumer
     if c is None or c.kind not in LAST_STATE:
         return ref, []
+    from consistency.dump.formats.speculators import as_mtp  # only for a declared last-state draft
+
     out = as_mtp(ref)
     if out is ref:
         return ref, []

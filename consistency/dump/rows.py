@@ -14,6 +14,7 @@ scaled FP8 view or a summed tensor-parallel view keep their own float semantics.
 from __future__ import annotations
 
 import re
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -212,9 +213,11 @@ _CAPTURE = re.compile(r"^.+#([0-9]{1,9})$")  # the k of a capture key ``name#k``
 
 def _root(v: TensorView, row: int) -> tuple[TensorView, int]:
     """Follow row and join views down to the view that reads the file."""
-    from consistency.dump.ranks import _Columns
-    from consistency.dump.tokens import TokenView
-
+    # a view of a rank set or a DP merge exists only once its module was imported: never import
+    # one (15 ms of a plain compare's start-up) just to learn that a view is not of it
+    ranks, toks = sys.modules.get("consistency.dump.ranks"), sys.modules.get("consistency.dump.tokens")
+    _Columns = getattr(ranks, "_Columns", ())  # noqa: N806 - a class, or no class at all
+    TokenView = getattr(toks, "TokenView", ())  # noqa: N806
     for _ in range(64):
         if isinstance(v, RowView):
             row, v = int(v.index[row]), v.src
