@@ -21,7 +21,7 @@ import torch
 from consistency.contract.models import AuxInfo, DumpMetadata, ModelInfo
 from consistency.diagnose.pipeline import run as run_compare
 from consistency.dump.writer import write_dump
-from tests.scenarios.build import ARCH_FAMILIES, FAMILIES, PARALLEL, SANDWICH, _tiny_model, record
+from tests.scenarios.build import ARCH_FAMILIES, PARALLEL, SANDWICH, _tiny_model, record
 
 TRAIN = [0, 3, 7]
 

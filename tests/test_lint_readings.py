@@ -27,7 +27,7 @@ from consistency.contract.versions import VersionRange
 from consistency.errors import UsageError
 from consistency.lint.engine import LintRequest, run_lint
 from test_lint_mtp import S, deepseek_target, mimo_target, mtp_tensors, speculators_mtp
-from test_lint_support import FIX, ROOT, Scenario, codes, eagle3_tensors, llama_target, sglang_config, status
+from test_lint_support import FIX, ROOT, Scenario, codes, llama_target, sglang_config, status
 
 KIMI = FIX / "targets" / "kimi-k2.5.json"
 SEED = FIX / "drafts" / "sglang" / "kimi-k2.5-eagle3-seed.json"

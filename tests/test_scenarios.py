@@ -20,7 +20,6 @@ table: ``python -m tests.scenarios.sweep``.
 from __future__ import annotations
 
 import json
-import re
 
 import numpy as np
 import pytest

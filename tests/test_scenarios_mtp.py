@@ -17,6 +17,8 @@ one case: ``python -m tests.scenarios.mtp family=qwen3 fault=recycle_flip consum
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import json
 import os
 import re
@@ -237,6 +239,19 @@ def test_expectations_follow_the_construction() -> None:
     e = M.build(M.MtpScenario(fault="missing_recycle", steps=3)).expect
     assert e.on == {"recycle.2"} and "recycle.1" in e.clean
     assert M.build(M.MtpScenario(fault="benign", cand_dtype="bfloat16")).expect.verdict == "pass"
+    thin = M.MtpScenario(fault="prenorm", thickness="thin", contract="api")
+    assert M.build(thin).expect.codes == {"NORM_MISSING"}  # no "not verified" escape for a recorded aux.0
+    assert M.build(replace(thin, fault="benign")).expect.verdict == "pass"
+
+
+def test_thin_reference_pass_says_slot_identity_was_not_checked(tmp_path) -> None:  # noqa: ANN001
+    """A thin reference verifies slot 0 by value but records no stream to name it: the pass
+    headline must not print the slot as a known stream ("[?]") nor claim it holds what
+    training expects."""
+    report, exc, misses, _ = M.run(M.MtpScenario(fault="benign", thickness="thin", contract="api"), tmp_path)
+    assert exc is None and not misses and report.verdict == "pass"
+    assert "match training's values" in report.summary and "slot [0] holds is not identified" in report.summary
+    assert "[?]" not in report.summary and "as training expects" not in report.summary
 
 
 def _doc_rows() -> dict[str, list[str]]:

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from consistency.contract import conventions as cv
 from consistency.contract import resolve as rs
 from consistency.contract.resolve import resolve_specforge
 from consistency.contract.runtime_model import served_streams

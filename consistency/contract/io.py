@@ -22,7 +22,7 @@ from pydantic import ValidationError
 
 from consistency.contract.models import AuxContract
 from consistency.contract.bounds import env_limit
-from consistency.errors import InputError, UsageError
+from consistency.errors import InputError
 
 MAX_CONTRACT_BYTES = 4 * 1024 * 1024
 # C0/C1 controls but tab, newline, carriage return: ESC/CSI in a string printed by a report

@@ -51,6 +51,17 @@ def _first(first: Finding, errors: list[Finding]) -> str:
     return f"{first.code}: {first.message}{more}"
 
 
+def _held(held: list, slots: list, cand_side: str, ref_side: str) -> str:
+    """A slot whose values match but whose stream no recorded stream names is verified by value
+    only: the headline says so rather than print it as a known stream."""
+    if None not in held:
+        return f"; {cand_side} slots hold streams {story_mod._fmt(held)} as {ref_side} expects"
+    unnamed = [s for s, h in zip(slots, held, strict=True) if h is None]
+    one = len(unnamed) == 1
+    return (f"; {cand_side} slots match {ref_side}'s values; which stream slot{'' if one else 's'} "
+            f"{story_mod._fmt(unnamed)} hold{'s' if one else ''} is not identified among the streams {ref_side} records")
+
+
 def _pass(cmp: Comparison, warnings: list[Finding]) -> str:
     compared = [r for r in cmp.results if r.status in (Status.ok, Status.drift)]
     s = f"pass: {_count(len(compared), 'tensor')} compared"
@@ -58,7 +69,7 @@ def _pass(cmp: Comparison, warnings: list[Finding]) -> str:
     held: list = ["final_norm" if r.holds == names.FINAL_NORM else r.holds_stream for r in slots]
     cand_side, ref_side = cmp.plan.cand.label, cmp.plan.ref.label
     if slots and all(r.status in (Status.ok, Status.drift) and not r.tolerated for r in slots):
-        s += f"; {cand_side} slots hold streams {story_mod._fmt(held)} as {ref_side} expects"
+        s += _held(held, [r.slot for r in slots], cand_side, ref_side)
     elif slots:
         unverified = [r.slot for r in slots if r.status not in (Status.ok, Status.drift) or r.tolerated]
         s += f"; {cand_side} slots hold streams {story_mod._fmt(held)}; slot{'s' if len(unverified) != 1 else ''} " \

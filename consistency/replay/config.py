@@ -17,7 +17,6 @@ tensor shapes settle what the config leaves open (number of aux slots, vocabular
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path

@@ -37,7 +37,6 @@ def score(proposals: torch.Tensor, labels: torch.Tensor, drafted: torch.Tensor |
     a server drafts on (speculators' ``shift_batch`` aligns (x1, g0, l1) the same way). The
     result is then those anchors' figures, with every position's in ``overall``."""
     k_steps, n = proposals.shape
-    t = labels.shape[0]
     hits = torch.zeros(k_steps, n, dtype=torch.bool)
     for k in range(k_steps):
         m = n - k  # anchors i with i + k + 1 <= t - 1

@@ -195,9 +195,10 @@ def expect(sc: MtpScenario, ref: dict[str, np.ndarray], cand: dict[str, np.ndarr
            ref_all: dict[str, np.ndarray]) -> MtpExpect:
     """What the report must say, from the construction: which code, on which tensor."""
     clean = frozenset(k for k in ref if k in cand and trd(ref[k], cand[k]) < 1e-9)
-    # A contract names fnorm(s=N) for slot 0; a thin reference does not record the target's
-    # streams, so the slot cannot be verified (docs/findings.md not-verified, as for EAGLE-3).
-    unverified = sc.thickness == "thin" and sc.contract != "none" and sc.meta == "none"  # a claim verifies it
+    # A thin reference records aux.0 itself: its values decide slot 0, whatever a contract says
+    # the slot should hold (reference values outrank a declaration: docs/architecture.md, "The
+    # evidence model"). Only a reference without aux.0 leaves a contract's slot 0 unverifiable.
+    unverified = sc.contract != "none" and sc.meta == "none" and "aux.0" not in ref
     if unverified:
         clean -= {"aux.0"}
     if sc.fault == "benign":
@@ -210,7 +211,6 @@ def expect(sc: MtpScenario, ref: dict[str, np.ndarray], cand: dict[str, np.ndarr
     on: frozenset[str] = frozenset()
     if sc.fault == "prenorm":  # the side fed s=N pre-norm; the other fnorm(s=N)
         codes = frozenset({"NORM_MISSING"}) if sc.side == "cand" else frozenset({"NORM_APPLIED"})
-        codes |= {"NOT_VERIFIED"} if sc.thickness == "thin" and sc.contract != "none" else set()
         on = frozenset({"aux.0"})
     elif sc.fault == "recycle_flip":
         codes = frozenset({"RECYCLE_NORM_MISSING"}) if _ref_recycle_kind(sc) == "d_norm" \
@@ -314,6 +314,8 @@ def table() -> list[MtpScenario]:
                     out.append(MtpScenario("deepseek_v3", consumer, fault, side, v))
     for fault, v in (("prenorm", ""), ("recycle_flip", ""), ("recycle_target", "next"), ("missing_recycle", "")):
         out.append(MtpScenario("deepseek_v3", "mtp", fault, variant=v, thickness="thin"))  # decidable from a thin ref
+    for contract in ("api", "yaml"):  # a thin ref's aux.0 values decide slot 0, not the contract's claim
+        out.append(MtpScenario("deepseek_v3", "mtp", "benign", thickness="thin", contract=contract))
     for consumer, contract in (("mtp", "api"), ("mimo", "yaml")):  # a full reference read with a contract
         for rows in ("step", "all"):
             out.append(MtpScenario("deepseek_v3", consumer, "benign", contract=contract, aux_rows=rows))
