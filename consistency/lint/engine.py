@@ -265,7 +265,11 @@ def _summary(verdict: str, counts: dict[str, int], tr: list[int] | None, sv: lis
              f"warning{'s' * (counts['warning'] != 1)}"]
     if ctx.kind in LAST_HIDDEN:
         parts.append(f"{LABEL[ctx.kind]} draft ({(ctx.draft_kind if ctx.draft_kind.kind else ctx.requested).how})")
-    if sv is not None:
+    r = ctx.requested
+    if sv is not None and ctx.serve is not None and (r.broken or r.kind in LAST_HIDDEN):
+        parts.append(f"the command line captures no aux hidden states ({r.how}); as EAGLE-3, {ctx.runtime_label} "
+                     f"would feed streams {sv}")
+    elif sv is not None:
         parts.append(f"{ctx.runtime_label} feeds streams {sv}")
     t = ctx.training
     if t is not None and t.ambiguous and ctx.kind not in LAST_HIDDEN:

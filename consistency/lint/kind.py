@@ -54,6 +54,7 @@ class Kind:
     kind: Consumer | None
     how: str
     undecided: bool = False  # True: the inputs cannot tell which kind runs (not "none runs")
+    broken: bool = False  # True: the flags select a method the server cannot run on these files as any draft
 
 
 def requested(serve: ServeInfo | None, target: TargetInfo | None = None, version: tuple[int, ...] | None = None,
@@ -102,11 +103,11 @@ def _sglang_eagle(serve: ServeInfo, target: TargetInfo | None, version: tuple[in
         return Kind(Consumer.mtp, f"{flag} with {whose}: {at} loads {arch} as {dc.served} ({SD.SOURCE})")
     if own:
         return Kind(None, f"{flag} without a draft path: {at} would load the target checkpoint ({arch}) itself as "
-                          f"the draft, and has no MTP class for it ({SD.SOURCE})")
+                          f"the draft, and has no MTP class for it ({SD.SOURCE})", broken=True)
     if arch in EAGLE1_ARCHS or "eagle" in arch.lower():
         return Kind(Consumer.eagle1, f"{flag} with the EAGLE draft {serve.draft_model} ({arch})")
     return Kind(None, f"{flag} with the draft {serve.draft_model} ({arch}): {at} has no MTP class for it and it is "
-                      "not an EAGLE draft")
+                      "not an EAGLE draft", broken=True)
 
 
 def draft_kind(d: DraftInfo | None) -> Kind:

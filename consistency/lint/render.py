@@ -29,8 +29,8 @@ def render(rep: LintReport, con: Console, quiet: bool = False, show_info: bool =
         con.print(Text(f"note: {term(a)}", style="dim"))
     if rep.serving is not None:
         s = rep.serving
-        where = f"{s.key} = {s.ids}" if s.key else "no ids it reads: the runtime default"
-        con.print(Text(term(f"serving: {s.label} reads {where}; {s.meaning}"), style="dim"))
+        where = f"reads {s.key} = {s.ids}" if s.key else "finds no ids under the keys it reads: its default"
+        con.print(Text(term(f"serving: {s.label} {where}; {s.meaning}"), style="dim"))
     if rep.slots:
         t = Table(title="aux slots (stream indices)", title_justify="left", show_edge=False, pad_edge=False)
         for col in ("slot", "training", "serving", "config id", ""):

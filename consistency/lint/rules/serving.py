@@ -74,7 +74,14 @@ def spec_args(ctx: Context) -> Iterator[Hit]:
       "transformers_utils/config.py maybe_override_with_speculators (a speculators dir as the model turns EAGLE-3 on)",
       "SGLang: --speculative-algorithm EAGLE3; vLLM: \"method\": \"eagle3\" in --speculative-config")
 def algorithm(ctx: Context) -> Iterator[Hit]:
-    s, d = ctx.need_serve(), ctx.need_draft()
+    s, r = ctx.need_serve(), ctx.requested
+    if r.broken:  # the flags run no kind of draft on these files: never a pass, with or without --draft
+        yield Hit(f"{r.how}: neither an MTP head nor an EAGLE-3 draft with aux hidden states is served")
+        return
+    if r.undecided and ctx.draft_kind.kind is None:  # cannot tell what runs: say so, never pass silently
+        yield Hit(f"which draft the server runs is not known: {r.how}", W)
+        return
+    d = ctx.need_draft()
     eagle3 = d.is_eagle3
     if eagle3 is None:
         raise NotEvaluated("cannot tell whether the draft is an EAGLE-3 draft")
