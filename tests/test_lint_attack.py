@@ -54,3 +54,43 @@ def test_sglang_eagle_whose_draft_cannot_be_told_warns(tmp_path: Path) -> None:
     rep = lint(tmp_path, None, _SG.format(a="EAGLE"))
     f = next(f for f in rep.findings if f.code == "SRV003")
     assert f.severity.value == "warning" and "not known" in f.message, f.message
+
+
+# -- wrong kind of file where a config belongs (issue 28) ----------------------------------------
+
+def _files(tmp: Path) -> dict[str, tuple[Path, str]]:
+    import os
+
+    import numpy as np
+
+    npy = tmp / "a.npy"
+    np.save(npy, np.zeros(3))
+    gguf = tmp / "m.gguf"
+    gguf.write_bytes(b"GGUF\x03\x00\x00\x00" + bytes(64))
+    rnd = tmp / "r.bin"
+    rnd.write_bytes(b"\xf4\x2d\xdf\xaa" + os.urandom(60))
+    empty = tmp / "empty"
+    empty.write_bytes(b"")
+    return {"npy": (npy, "numpy .npy"), "gguf": (gguf, "GGUF"), "random": (rnd, "unrecognised bytes"),
+            "empty": (empty, "empty file")}
+
+
+@pytest.mark.parametrize("flag", ["--draft", "--target"])
+def test_a_non_json_file_as_a_config_is_named_for_what_it_is(tmp_path: Path, flag: str) -> None:
+    from conftest import run_cli
+
+    for name, (path, said) in _files(tmp_path).items():
+        r = run_cli("lint", flag, str(path), "--runtime", "sglang@0.5.12", "-q")
+        assert r.returncode == 2, (name, r.stderr)
+        assert said in r.stderr and "not a JSON" in r.stderr and "UTF-8" not in r.stderr, (name, r.stderr)
+
+
+def test_random_bytes_named_safetensors_are_not_called_text(tmp_path: Path) -> None:
+    from consistency.dump.safetensors_io import read_header
+    from consistency.errors import InputError
+
+    p = tmp_path / "r.safetensors"
+    p.write_bytes(bytes([0xB0, 0x78, 0xB0, 0xB8, 0x20, 0xBD, 0xD8, 0x9F]) + bytes(range(200, 255)))
+    with pytest.raises(InputError) as e:
+        read_header(p)
+    assert "bytes b0 78" in str(e.value) and "text" not in str(e.value), str(e.value)

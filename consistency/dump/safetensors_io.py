@@ -95,8 +95,11 @@ def _describe(head: bytes) -> str:
                         (b"\x89PNG", "PNG"), (b"\x7fELF", "ELF")):
         if head.startswith(magic):
             return f"{kind} data"
-    text = head.decode("utf-8", "replace")
-    if all(c.isprintable() or c in "\t\r\n" for c in text):
+    try:  # strict: a replacement character is printable, so "replace" called random bytes text
+        text = head.decode("utf-8")
+    except UnicodeDecodeError:
+        text = "\x00"
+    if text and all(c.isprintable() or c in "\t\r\n" for c in text):
         return f"text {text[:16]!r}"
     return "bytes " + head[:8].hex(" ")
 

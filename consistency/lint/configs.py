@@ -25,7 +25,31 @@ def read_json(path: Path, what: str = "config") -> dict[str, Any]:
 
     if not path.exists() and not path.is_symlink():
         raise InputError(path, f"no such {what} file")
+    _refuse_non_json(path, what)
     return read_config_json(path, MAX_CONFIG_BYTES, what)
+
+
+def _refuse_non_json(path: Path, what: str) -> None:
+    """A file that is plainly not JSON (an .npy, a GGUF, a pickle, a checkpoint) is named for what
+    its first bytes say it is, not reported as "not UTF-8 text (byte 0)". Only regular files are
+    peeked at (a FIFO is refused by the bounded reader, never opened here)."""
+    from consistency.dump.sniff import content_kind, looks_like
+
+    if not path.is_file():
+        return
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(16)
+    except OSError:
+        return  # the bounded reader says why
+    body = head.removeprefix(b"\xef\xbb\xbf").lstrip()
+    if body[:1] in (b"{", b"["):
+        return  # JSON-shaped: the parser decides
+    kind = "a safetensors file (tensors, not a config)" if content_kind(head) == "safetensors" else looks_like(head)
+    if kind.startswith("text") and head:
+        return  # text: the parser's message says where it breaks
+    whose = "draft" if "draft" in what else "model"
+    raise InputError(path, f"is {kind}, not a JSON {what} (give the {whose}'s directory or its config.json)")
 
 
 def config_file(path: Path, what: str) -> Path:
