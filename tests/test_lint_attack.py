@@ -94,3 +94,17 @@ def test_random_bytes_named_safetensors_are_not_called_text(tmp_path: Path) -> N
     with pytest.raises(InputError) as e:
         read_header(p)
     assert "bytes b0 78" in str(e.value) and "text" not in str(e.value), str(e.value)
+
+
+def test_a_stamp_that_narrows_nothing_is_not_said_to_choose_the_reading(tmp_path: Path) -> None:
+    """A Qwen3 target: every SpecForge capture backend reads the ids alike, and a transformers
+    stamp no SGLang release pins chose nothing (it must not read "chosen by")."""
+    t = qwen3_target()
+    draft = {"architectures": ["LlamaForCausalLMEagle3"], "hidden_size": 64, "num_hidden_layers": 1, "vocab_size": 256,
+             "draft_vocab_size": 128, "transformers_version": "4.51.3",
+             "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 3, 5]}}
+    (tmp_path / "t.json").write_text(json.dumps(t))
+    (tmp_path / "d.json").write_text(json.dumps(draft))
+    rep = run_lint(LintRequest(draft=str(tmp_path / "d.json"), target=str(tmp_path / "t.json"), runtime="sglang@0.5.12"))
+    said = " ".join(rep.assumptions)
+    assert "chosen by" not in said and "every capture backend gives these streams" in said, said

@@ -13,7 +13,8 @@ from pathlib import Path
 from consistency.contract import conventions
 from consistency.contract.ids import parse_ids as _parse_ids
 from consistency.contract.models import ModelInfo
-from consistency.contract.resolve import Reading, check_spec, check_streams, specforge_readings, streams_of
+from consistency.contract.resolve import (Reading, check_spec, check_streams, specforge_readings, streams_of,
+                                         transformers_evidence)
 from consistency.errors import InputError
 from consistency.lint.draft import DraftInfo
 
@@ -78,7 +79,10 @@ def _specforge(info: TrainingInfo, ids: list[int] | None, n: int | None, arch: s
     info.readings, info.evidence = readings, why
     if len(readings) == 1:
         info.streams = readings[0].streams
-        info.assumed = f"read as {readings[0].label}" + (f", chosen by {why}" if why else "")
+        narrowed = why is not None and transformers_evidence(stamp)[0] is not None
+        info.assumed = f"read as {readings[0].label}" + (f", chosen by {why}" if narrowed else
+                                                          f" (every capture backend gives these streams here"
+                                                          + (f"; {why})" if why else ")"))
         info.source += f"; {info.assumed}"
     else:
         info.assumed = None
