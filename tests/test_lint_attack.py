@@ -108,3 +108,17 @@ def test_a_stamp_that_narrows_nothing_is_not_said_to_choose_the_reading(tmp_path
     rep = run_lint(LintRequest(draft=str(tmp_path / "d.json"), target=str(tmp_path / "t.json"), runtime="sglang@0.5.12"))
     said = " ".join(rep.assumptions)
     assert "chosen by" not in said and "every capture backend gives these streams" in said, said
+
+
+def test_tokenizer_without_transformers_names_our_extra(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The core install has no transformers: --tokenizer says which pip line brings it."""
+    import sys
+
+    from consistency import DIST
+    from consistency.compare.tokenizer import load_tokenizer
+    from consistency.errors import UsageError
+
+    monkeypatch.setitem(sys.modules, "transformers", None)  # as in a venv without it: import raises
+    with pytest.raises(UsageError) as e:
+        load_tokenizer(str(tmp_path))
+    assert f"pip install '{DIST}[hf]'" in str(e.value) and "--tokenizer needs transformers" in str(e.value)

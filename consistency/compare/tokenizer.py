@@ -14,13 +14,13 @@ def load_tokenizer(spec: str) -> Any:
     """A transformers tokenizer from a local directory or a ``.gguf`` file (never downloads)."""
     from pathlib import Path
 
-    from consistency.errors import InputError
+    from consistency.errors import InputError, MissingDependency
 
     p = Path(spec)
     try:
         from transformers import AutoTokenizer
-    except ImportError:  # pragma: no cover
-        raise InputError(p, "--tokenizer needs the transformers package") from None
+    except ImportError:  # the core install: the hint names this distribution's extra (errors.install_line)
+        raise MissingDependency("hf", "transformers", "--tokenizer") from None
     from consistency.dump.hf_dirs import SAFE_KW, check_own_classes, check_tokenizer_size, load_error
 
     if p.is_dir():
