@@ -105,7 +105,8 @@ def test_a_stamp_that_narrows_nothing_is_not_said_to_choose_the_reading(tmp_path
              "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 3, 5]}}
     (tmp_path / "t.json").write_text(json.dumps(t))
     (tmp_path / "d.json").write_text(json.dumps(draft))
-    rep = run_lint(LintRequest(draft=str(tmp_path / "d.json"), target=str(tmp_path / "t.json"), runtime="sglang@0.5.12"))
+    rep = run_lint(LintRequest(draft=str(tmp_path / "d.json"), target=str(tmp_path / "t.json"),
+                               runtime="sglang@0.5.12"))
     said = " ".join(rep.assumptions)
     assert "chosen by" not in said and "every capture backend gives these streams" in said, said
 
@@ -122,3 +123,17 @@ def test_tokenizer_without_transformers_names_our_extra(tmp_path: Path, monkeypa
     with pytest.raises(UsageError) as e:
         load_tokenizer(str(tmp_path))
     assert f"pip install '{DIST}[hf]'" in str(e.value) and "--tokenizer needs transformers" in str(e.value)
+
+
+@pytest.mark.parametrize(("method", "refused"), [("eagle3", True), ("eagle", True), ("medusa", True), (None, True),
+                                                 ("mtp", False), ("deepseek_mtp", False), ("ngram", False)])
+def test_vllm_spec_config_without_a_model_is_refused_at_start_up(method: str | None, refused: bool) -> None:
+    """vllm config/speculative.py __post_init__: model None with num_speculative_tokens is a
+    ValueError unless the method runs the target's own MTP layers or a model-free proposer."""
+    spec = {"num_speculative_tokens": 3, **({"method": method} if method else {})}
+    rep = run_lint(LintRequest(serve=f"vllm serve meta-llama/Llama-3.1-8B-Instruct --speculative-config "
+                                     f"'{json.dumps(spec)}'", runtime="vllm@0.33.0", select=("SRV002",)))
+    said = [f.message for f in rep.findings if f.code == "SRV002" and 'no "model"' in f.message]
+    assert bool(said) is refused, [f.message for f in rep.findings]
+    if refused:
+        assert rep.verdict == "fail"

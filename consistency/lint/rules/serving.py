@@ -6,9 +6,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from consistency.lint.context import Context, NotEvaluated
+from consistency.lint.kind import VLLM_MTP_METHODS
 from consistency.lint.rules.base import E, I, W, Hit, rule
 
 _EAGLE_FAMILY = ("EAGLE", "EAGLE3", "STANDALONE")
+# vLLM methods that need no "model" (vllm config/speculative.py SpeculativeConfig.__post_init__, model None with
+# num_speculative_tokens): MTP runs the target's own layers (kind.VLLM_MTP_METHODS), these use a sentinel.
+VLLM_NO_MODEL = frozenset({"ngram", "[ngram]", "ngram_gpu", "ngram_dsc", "suffix", "extract_hidden_states", "dspark"})
 _SGLANG_ARGS = "sglang server_args.py _handle_speculative_decoding (0.5.12), arg_groups/speculative_hook.py (0.5.23)"
 
 
@@ -54,7 +58,8 @@ def draft_token_cap(ctx: Context) -> Iterator[Hit]:
 
 @rule("SRV002", "spec-args-invalid", E, "the server rejects this speculative configuration at start-up",
       _SGLANG_ARGS + "; vllm engine/arg_utils.py, config/speculative.py (num_speculative_tokens required unless "
-      "the draft config has n_predict)", "fix the flags the finding names")
+      "the draft config has n_predict; a model required unless the method is MTP or model-free)",
+      "fix the flags the finding names")
 def spec_args(ctx: Context) -> Iterator[Hit]:
     s = ctx.need_serve()
     for p in s.problems:
@@ -66,6 +71,12 @@ def spec_args(ctx: Context) -> Iterator[Hit]:
         if not has_n:
             yield Hit("--speculative-config sets no num_speculative_tokens and the draft config has no n_predict "
                       "(nor a speculators proposal): vLLM refuses to start")
+    m = s.algorithm
+    if s.runtime == "vllm" and s.spec_config and s.draft_model is None and s.num_speculative_tokens is not None \
+            and not (m is not None and (m in VLLM_NO_MODEL or m in VLLM_MTP_METHODS)):
+        yield Hit(f"--speculative-config sets num_speculative_tokens but no \"model\" for method "
+                  f"{m or '(none given)'!r}: vLLM refuses to start (\"num_speculative_tokens was provided but "
+                  "without speculative model.\"); name the draft with \"model\"")
 
 
 @rule("SRV003", "algorithm-mismatch", E, "the serving algorithm/method does not run an EAGLE-3 draft as EAGLE-3",
