@@ -137,3 +137,18 @@ def test_vllm_spec_config_without_a_model_is_refused_at_start_up(method: str | N
     assert bool(said) is refused, [f.message for f in rep.findings]
     if refused:
         assert rep.verdict == "fail"
+
+
+@pytest.mark.parametrize("algo", ["NEXTN", "EAGLE3"])
+def test_a_speculators_mtp_draft_on_sglang_is_refused_whatever_the_flag(tmp_path: Path, algo: str) -> None:
+    """SGLang has no reader for the speculators format (nor a class for MTPDraftModel): an MTP
+    draft in that format fails there as an EAGLE-3 one does (SRV004 is not an EAGLE-3-only rule)."""
+    from test_lint_mtp import deepseek_target, mtp_tensors, speculators_mtp
+    from test_lint_support import Scenario
+
+    serve = ("python -m sglang.launch_server --model-path deepseek-ai/DeepSeek-V3 --speculative-algorithm "
+             f"{algo} --speculative-draft-model-path {{draft}} --speculative-num-steps 1 --speculative-eagle-topk 1 "
+             "--speculative-num-draft-tokens 2")
+    rep = Scenario(draft=speculators_mtp(), tensors=mtp_tensors(), target=deepseek_target(), serve=serve,
+                   runtime="sglang@0.5.23", trained_with=None).run(tmp_path)
+    assert rep.verdict == "fail" and status(rep, "SRV004") == "fail", rep.summary

@@ -162,7 +162,7 @@ def _target(req: LintRequest, ctx: Context, notes: list[str]) -> TargetInfo | No
 # Rules about EAGLE-3's aux streams, fc, vocabulary map and norm flags: for another kind of
 # draft (MTP, EAGLE-1, Medusa) they are not evaluated, never passed (lint/kind.py decides the kind).
 LAST_HIDDEN = (Consumer.mtp, Consumer.eagle1, Consumer.medusa)  # drafts that read one last state, no aux ids
-EAGLE3_ONLY = ("IDS", "SHP001", "SHP004", "NRM", "VOC", "SRV003", "SRV004", "SRV005", "SRV007")
+EAGLE3_ONLY = ("IDS", "SHP001", "SHP004", "NRM", "VOC", "SRV003", "SRV005", "SRV007")  # SRV004: any kind on SGLang
 
 
 def not_applicable(rule: Rule, ctx: Context) -> str | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+from consistency.contract.models import Consumer
 from consistency.lint.context import Context, NotEvaluated
 from consistency.lint.kind import VLLM_MTP_METHODS
 from consistency.lint.rules.base import E, I, W, Hit, rule
@@ -122,15 +123,19 @@ def algorithm(ctx: Context) -> Iterator[Hit]:
 
 
 @rule("SRV004", "draft-format-unsupported", E, "the serving runtime cannot read this draft's config format",
-      "sglang llama_eagle3.py (no speculators format: no speculators_model_type / transformer_layer_config); vllm "
+      "sglang llama_eagle3.py (no speculators format: no speculators_model_type / transformer_layer_config), "
+      "models/registry.py (no class for a speculators architecture: Eagle3Speculator, MTPDraftModel); vllm "
       "speculators/algos.py update_eagle3 (transformer_layer_config.model_type llama or qwen3, else ValueError)",
       "convert the draft to the runtime's format (SGLang: LlamaForCausalLMEagle3 with eagle_config ids) or serve "
       "it on vLLM")
 def draft_format(ctx: Context) -> Iterator[Hit]:
     d, runtime = ctx.need_config(), ctx.need_runtime()
-    if runtime == "sglang" and d.format == "speculators":
-        yield Hit("a speculators (Eagle3SpeculatorConfig) draft: SGLang reads neither speculators_model_type nor "
+    if runtime == "sglang" and d.format == "speculators":  # whatever the kind: SGLang has no speculators reader
+        arch = f" ({d.architectures[0]})" if d.architectures else ""
+        yield Hit(f"a speculators draft{arch}: SGLang reads neither speculators_model_type nor "
                   "transformer_layer_config, nor the top-level ids", key="speculators_model_type")
+    elif ctx.kind in (Consumer.mtp, Consumer.eagle1, Consumer.medusa):
+        return  # vLLM's speculators adapter check below is update_eagle3's (EAGLE-3 drafts)
     elif runtime == "vllm" and d.format == "speculators" and d.layer_model_type not in ("llama", "qwen3"):
         yield Hit(f"transformer_layer_config.model_type {d.layer_model_type!r}: vLLM's speculators adapter "
                   "supports llama and qwen3 only", key="transformer_layer_config.model_type")
