@@ -141,8 +141,12 @@ def spec_mtp(**kw: Any) -> MTPScenario:
              serve=vllm("mtp", 3, "Qwen/Qwen3-Next-80B-A3B-Instruct", draft=True), **kw)
 
 
+NEXTN_DRAFT = dict(deepseek_target(), architectures=["DeepseekV3ForCausalLMNextN"])  # an exported NextN head
+SG_DRAFT = SG_NEXTN + " --speculative-draft-model-path {draft}"
+
 FAIL: dict[str, Callable[[], Scenario]] = {
     "MTP001": lambda: S(target=kimi_target()),
+    "MTP006": lambda: S(draft=NEXTN_DRAFT, serve=SG_DRAFT.replace("NEXTN", "EAGLE3")),
     "MTP002": spec_mtp,
     "MTP003": lambda: S(serve=vllm("mtp", 3), runtime="vllm@0.23.0"),
     "MTP004": lambda: S(target=mimo_target(), serve=vllm("mimo_mtp", 2, MIMO), runtime="vllm@0.33.0"),
@@ -155,6 +159,7 @@ FAIL: dict[str, Callable[[], Scenario]] = {
 
 PASS: dict[str, Callable[[], Scenario]] = {
     "MTP001": S,
+    "MTP006": lambda: S(draft=NEXTN_DRAFT, serve=SG_DRAFT),
     "MTP003": lambda: S(serve=vllm("mtp", 3), runtime="vllm@0.24.0"),
     "MTP004": lambda: S(target=mimo_target(), serve=vllm("mimo_mtp", 1, MIMO), runtime="vllm@0.33.0"),
     "MTP005": lambda: S(target=qwen35_target(), serve=vllm("qwen3_5_mtp", 2, QWEN36), runtime="vllm@0.28.0"),
@@ -167,6 +172,7 @@ PASS: dict[str, Callable[[], Scenario]] = {
 # Each rule without the one input it needs: an info "not evaluated", never a pass.
 MISSING: dict[str, Callable[[], Scenario]] = {
     "MTP001": lambda: S(target=None),
+    "MTP006": lambda: S(draft={"model_type": "llama", "hidden_size": 64}, serve=SG_DRAFT),
     "MTP002": lambda: S(draft={"architectures": ["DeepSeekMTPModel"], "num_nextn_predict_layers": 1}),
     "MTP003": lambda: S(target=None, serve=vllm("mtp", 3), runtime="vllm@0.23.0"),
     "MTP004": lambda: S(target=None, serve=vllm("mtp", 2, MIMO), runtime="vllm@0.33.0"),

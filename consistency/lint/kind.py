@@ -97,6 +97,8 @@ def _sglang_eagle(serve: ServeInfo, target: TargetInfo | None, version: tuple[in
                           "told apart", True)
     dc = sglang_draft_class(arch, version)
     at = f"sglang {'.'.join(map(str, version))}" if version else "the newest sglang (version not pinned)"
+    if any(r.served == arch for r in SD.REWRITES):  # already an MTP class (an exported NextN head): loaded as it is
+        return Kind(Consumer.mtp, f"{flag} with {whose}: {arch} is an MTP class SGLang loads as it is ({SD.SOURCE})")
     if not dc.known:
         return Kind(None, f"{flag} with {whose} ({arch}): {dc.source}", True)
     if dc.served is not None:

@@ -14,6 +14,7 @@ from typing import Any
 from consistency.errors import UsageError
 from consistency.lint.configs import config_file, read_json
 from consistency.lint.draft import DraftInfo, detect_format
+from consistency.lint.kind import draft_kind
 
 _HINT = "did you swap --draft and --target?"
 
@@ -37,8 +38,8 @@ def swapped_target(path: Path, given: str) -> None:
 
 def swapped_draft(d: DraftInfo, given: str) -> None:
     """``--draft`` that is a target model: no EAGLE-3 field, several decoder layers, no fc weight."""
-    if d.format != "unknown" or not d.config:
-        return
+    if d.format != "unknown" or not d.config or draft_kind(d).kind is not None:
+        return  # a draft whose files say what it is (an exported NextN/MTP head keeps the target's layer count)
     layers = d.config.get("num_hidden_layers")
     text = d.config.get("text_config")
     if not isinstance(layers, int) and isinstance(text, dict):

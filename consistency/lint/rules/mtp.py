@@ -181,4 +181,29 @@ def pipeline_parallel(ctx: Context) -> Iterator[Hit]:
     yield Hit(f"--pipeline-parallel-size {s.pp} with MTP; {when}: {what}", sev, evidence={"pp": s.pp, "family": fam})
 
 
-RULES = (layers_missing, trained_prenorm, recycle_prenorm, mimo_multistep, pipeline_parallel)
+@rule("MTP006", "mtp-method-mismatch", E, "an MTP draft is served by a method that does not run it as MTP",
+      "sglang configs/model_config.py ModelConfig._config_draft_model (NEXTN/EAGLE load the MTP class) vs "
+      "models/llama_eagle3.py (EAGLE3 builds an fc over aux states); vllm config/speculative.py (method eagle3/eagle/"
+      "medusa build EAGLE or Medusa heads; MTPModelTypes and 'mtp' run the MTP layers)",
+      "SGLang: --speculative-algorithm NEXTN (or EAGLE) with the MTP draft; vLLM: \"method\": \"mtp\"")
+def mtp_method(ctx: Context) -> Iterator[Hit]:
+    s, d = ctx.need_serve(), ctx.need_draft()
+    if ctx.draft_kind.kind is None:
+        raise NotEvaluated(f"cannot tell whether the draft is an MTP draft ({ctx.draft_kind.how})")
+    if ctx.draft_kind.kind is not Consumer.mtp:
+        return
+    r = ctx.requested
+    if r.undecided:
+        raise NotEvaluated(f"cannot tell which draft the server runs: {r.how}")
+    if r.kind is Consumer.mtp:
+        return
+    if r.kind is None and s.algorithm is None:
+        yield Hit("the command line selects no speculative method: the MTP draft is not used")
+        return
+    runs = f"runs {K.LABEL.get(r.kind, r.kind.value)}" if r.kind is not None else "runs no MTP head"
+    yield Hit(f"the draft {d.path} is an MTP draft ({ctx.draft_kind.how}) but {r.how} {runs}: the server builds "
+              "another model class around its weights, or refuses them",
+              key="architectures" if d.architectures else None)
+
+
+RULES = (layers_missing, trained_prenorm, recycle_prenorm, mimo_multistep, pipeline_parallel, mtp_method)
