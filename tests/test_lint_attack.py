@@ -152,3 +152,13 @@ def test_a_speculators_mtp_draft_on_sglang_is_refused_whatever_the_flag(tmp_path
     rep = Scenario(draft=speculators_mtp(), tensors=mtp_tensors(), target=deepseek_target(), serve=serve,
                    runtime="sglang@0.5.23", trained_with=None).run(tmp_path)
     assert rep.verdict == "fail" and status(rep, "SRV004") == "fail", rep.summary
+
+
+@pytest.mark.parametrize(("method", "fails"), [("eagle3", True), ("eagle", True), ("mtp", True), ("medusa", False)])
+def test_a_medusa_draft_under_another_vllm_method_fails(tmp_path: Path, method: str, fails: bool) -> None:
+    from test_lint_mtp import S, vllm
+
+    cfg = {"medusa_num_heads": 4, "medusa_num_layers": 1, "hidden_size": 64, "vocab_size": 256}
+    rep = S(draft=cfg, target=None, runtime="vllm@0.33.0",
+            serve=vllm(method, 4, "lmsys/vicuna-7b-v1.3", draft=True)).run(tmp_path)
+    assert (status(rep, "MDS001") == "fail") is fails and (rep.verdict == "fail") is fails, rep.summary

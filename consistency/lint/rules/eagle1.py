@@ -14,6 +14,7 @@ from collections.abc import Iterator
 
 from consistency.contract.models import Consumer
 from consistency.lint.context import Context, NotEvaluated
+from consistency.lint.kind import LABEL
 from consistency.lint.rules.base import E, Hit, rule
 
 _RIGHT = {"sglang": "--speculative-algorithm EAGLE", "vllm": "\"method\": \"eagle\""}
@@ -40,14 +41,20 @@ def eagle1_method(ctx: Context) -> Iterator[Hit]:
                   f"(use {_RIGHT.get(s.runtime, 'EAGLE')})", key="architectures" if d.architectures else None)
 
 
-@rule("MDS001", "medusa-unsupported", E, "a Medusa draft or method on a runtime without Medusa (SGLang)",
+@rule("MDS001", "medusa-unsupported", E, "a Medusa draft or method on a runtime without Medusa (SGLang), or a "
+      "Medusa draft served by another method",
       "sglang python/sglang/srt/speculative/spec_info.py (009db01: SpeculativeAlgorithm NONE, EAGLE, EAGLE3; "
       "from_string raises for any other name; 2026 copies add DFLASH, FROZEN_KV_MTP, STANDALONE, NGRAM, no MEDUSA); "
-      "vllm v1/spec_decode/medusa.py (method medusa)",
+      "vllm v1/spec_decode/medusa.py (method medusa; eagle/eagle3/mtp build other model classes)",
       "serve Medusa heads on vLLM (\"method\": \"medusa\"), or train an EAGLE draft for SGLang")
 def medusa(ctx: Context) -> Iterator[Hit]:
     s = ctx.need_serve()
     if s.runtime != "sglang":
+        r = ctx.requested
+        if ctx.draft_kind.kind is Consumer.medusa and r.kind is not Consumer.medusa and not r.undecided:
+            runs = f"runs {LABEL.get(r.kind, r.kind.value)}" if r.kind is not None else "selects no Medusa method"
+            yield Hit(f"the draft is a Medusa model ({ctx.draft_kind.how}) but {r.how} {runs}: vLLM builds another "
+                      "model class around its heads (use \"method\": \"medusa\")", key="medusa_num_heads")
         return
     if ctx.requested.kind is Consumer.medusa:
         yield Hit(f"{ctx.requested.how}: SGLang has no Medusa algorithm and refuses the name at start-up")
