@@ -162,3 +162,11 @@ def test_a_medusa_draft_under_another_vllm_method_fails(tmp_path: Path, method: 
     rep = S(draft=cfg, target=None, runtime="vllm@0.33.0",
             serve=vllm(method, 4, "lmsys/vicuna-7b-v1.3", draft=True)).run(tmp_path)
     assert (status(rep, "MDS001") == "fail") is fails and (rep.verdict == "fail") is fails, rep.summary
+
+
+def test_an_eagle1_draft_under_vllm_medusa_fails(tmp_path: Path) -> None:
+    from test_lint_mtp import S, eagle1_config, eagle1_tensors, vllm
+
+    rep = S(draft=eagle1_config(), tensors=eagle1_tensors(), target=None, runtime="vllm@0.33.0",
+            serve=vllm("medusa", 3, "meta-llama/Llama-2-7b-chat-hf", draft=True)).run(tmp_path)
+    assert status(rep, "EG1001") == "fail" and rep.verdict == "fail", rep.summary

@@ -20,7 +20,7 @@ from consistency.lint.rules.base import E, Hit, rule
 _RIGHT = {"sglang": "--speculative-algorithm EAGLE", "vllm": "\"method\": \"eagle\""}
 
 
-@rule("EG1001", "eagle1-method-mismatch", E, "an EAGLE-1/2 draft is served as EAGLE-3 or MTP",
+@rule("EG1001", "eagle1-method-mismatch", E, "an EAGLE-1/2 draft is served as EAGLE-3, MTP or another method",
       "sglang python/sglang/srt/models/llama_eagle.py (EAGLE: fc(cat(embed, hidden)), layer-0 input_layernorm "
       "skipped) vs llama_eagle3.py; sglang model_runner.py (aux capture only for EAGLE3); vllm "
       "model_executor/models/llama_eagle.py (method eagle) vs llama_eagle3.py (eagle3)",
@@ -35,7 +35,7 @@ def eagle1_method(ctx: Context) -> Iterator[Hit]:
     req = ctx.requested
     if req.kind is None and s.algorithm is None:
         yield Hit("the command line selects no speculative method: the EAGLE-1 draft is not used")
-    elif req.kind in (Consumer.eagle3_aux, Consumer.mtp, Consumer.dflash):
+    elif req.kind is not None and req.kind is not Consumer.eagle1:  # EAGLE-3, MTP, DFlash, Medusa, P-EAGLE
         yield Hit(f"the draft {d.path} is an EAGLE-1/2 draft ({ctx.draft_kind.how}) but {req.how} runs "
                   f"{req.kind.value}: the server builds another model class around its weights "
                   f"(use {_RIGHT.get(s.runtime, 'EAGLE')})", key="architectures" if d.architectures else None)
