@@ -170,3 +170,13 @@ def test_an_eagle1_draft_under_vllm_medusa_fails(tmp_path: Path) -> None:
     rep = S(draft=eagle1_config(), tensors=eagle1_tensors(), target=None, runtime="vllm@0.33.0",
             serve=vllm("medusa", 3, "meta-llama/Llama-2-7b-chat-hf", draft=True)).run(tmp_path)
     assert status(rep, "EG1001") == "fail" and rep.verdict == "fail", rep.summary
+
+
+def test_trained_with_an_empty_id_list_is_a_usage_error() -> None:
+    """`--trained-with stream:$IDS` with IDS unset: not silently "training used the default ids"."""
+    from consistency.errors import UsageError
+
+    with pytest.raises(UsageError, match="no ids after"):
+        run_lint(LintRequest(trained_with="stream:", runtime="sglang@0.5.12"))
+    rep = run_lint(LintRequest(trained_with="modelopt:default", runtime="sglang@0.5.12"))  # the documented spelling
+    assert rep.verdict in ("pass", "fail", "not_evaluated")

@@ -15,7 +15,7 @@ from consistency.contract.ids import parse_ids as _parse_ids
 from consistency.contract.models import ModelInfo
 from consistency.contract.resolve import (Reading, check_spec, check_streams, specforge_readings, streams_of,
                                          transformers_evidence)
-from consistency.errors import InputError
+from consistency.errors import InputError, UsageError
 from consistency.lint.draft import DraftInfo
 
 _FRAMEWORK = re.compile(r"^(?P<name>[A-Za-z][\w.-]*(?:@[\w.+-]+)?):(?P<ids>.*)$")
@@ -61,6 +61,9 @@ def parse_trained_with(spec: str, num_layers: int | None, architecture: str | No
     m = _FRAMEWORK.match(spec.strip())
     if not m:
         raise InputError(spec[:200], "--trained-with: no such file, and not FRAMEWORK:IDS (e.g. specforge:1,29,57)")
+    if not m.group("ids").strip():  # `stream:$IDS` with IDS unset must not become "training used the default"
+        raise UsageError(f"--trained-with {spec!r}: no ids after ':'; give them (e.g. {m.group('name')}:2,30,58), "
+                         f"or {m.group('name')}:default for that framework's default ids")
     name, ids = m.group("name"), parse_ids(m.group("ids"))
     res = check_spec(name, "--trained-with", architecture)
     streams = streams_of(ids, name, num_layers, architecture).streams
