@@ -180,3 +180,18 @@ def test_trained_with_an_empty_id_list_is_a_usage_error() -> None:
         run_lint(LintRequest(trained_with="stream:", runtime="sglang@0.5.12"))
     rep = run_lint(LintRequest(trained_with="modelopt:default", runtime="sglang@0.5.12"))  # the documented spelling
     assert rep.verdict in ("pass", "fail", "not_evaluated")
+
+
+@pytest.mark.parametrize("algo", ["NEXTN", "EAGLE"])
+def test_a_draft_path_lint_cannot_read_is_not_guessed_to_be_eagle1(tmp_path: Path, algo: str) -> None:
+    """`--speculative-draft-model-path lmsys/DeepSeek-R1-NextN` (a hub id, not read): MTP or EAGLE-1
+    cannot be told apart, so the kind is undecided and said so as a warning, never a silent PASS."""
+    from test_lint_mtp import deepseek_target
+
+    serve = (f"python -m sglang.launch_server --model-path deepseek-ai/DeepSeek-R1 --speculative-algorithm {algo} "
+             "--speculative-draft-model-path lmsys/DeepSeek-R1-NextN --speculative-num-steps 1 "
+             "--speculative-eagle-topk 1 --speculative-num-draft-tokens 2")
+    rep = lint(tmp_path, deepseek_target(), serve, "sglang@0.5.12")
+    f = next(f for f in rep.findings if f.code == "SRV003")
+    assert f.severity.value == "warning" and "cannot be told apart" in f.message, f.message
+    assert "EAGLE-1/2 draft" not in rep.summary, rep.summary

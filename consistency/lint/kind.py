@@ -90,8 +90,8 @@ def _sglang_eagle(serve: ServeInfo, target: TargetInfo | None, version: tuple[in
     elif draft is not None and draft.architectures:
         arch, whose = draft.architectures[0], f"the draft {serve.draft_model}"
     else:
-        return Kind(Consumer.eagle1, f"{flag} with the draft {serve.draft_model} (its architecture unknown: read as "
-                                     "an EAGLE-1/2 draft)")
+        return Kind(None, f"{flag} with the draft {serve.draft_model}, whose architecture is unknown (lint its "
+                          "directory with --draft): an MTP head or an EAGLE-1/2 draft cannot be told apart", True)
     if arch is None:
         return Kind(None, f"{flag} with {whose}, whose architecture is unknown (--target): MTP or EAGLE-1 cannot be "
                           "told apart", True)
