@@ -1,0 +1,105 @@
+"""Review round of issue 24: inputs this repository's generators do not write, built here by hand.
+
+Each test constructs both sides from numpy (a random target's streams, a toy draft step),
+writes them with the plain dump writer and checks the CLI, the Python API and the pytest
+helper against what was constructed.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+import consistency
+from consistency.cli import main
+from consistency.contract.models import DumpMetadata
+from consistency.dump.writer import write_dump
+from consistency.testing import assert_consistent
+
+N, T, H = 6, 20, 32
+
+
+def _rms(x: np.ndarray) -> np.ndarray:
+    return (x / np.sqrt((x.astype(np.float64) ** 2).mean(-1, keepdims=True) + 1e-6)).astype(np.float32)
+
+
+def _target(seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    h = [rng.standard_normal((T, H)).astype(np.float32)]
+    for _ in range(N):
+        h.append((h[-1] + 0.6 * rng.standard_normal((T, H))).astype(np.float32))
+    out = {f"hidden.{s}": h[s] for s in range(N + 1)}
+    out["final_norm"] = _rms(h[N])
+    out["input_ids"] = rng.integers(1, 200, T).astype(np.int64)
+    return out
+
+
+def _steps(t: dict[str, np.ndarray], recycle: str, k_steps: int = 3) -> dict[str, np.ndarray]:
+    """A toy MTP draft: step k reads ``cur`` (fnorm(s=N) at step 0), recycles d_norm or d_raw."""
+    rng = np.random.default_rng(7)
+    w = (rng.standard_normal((2 * H, H)) / np.sqrt(2 * H)).astype(np.float32)
+    emb_table = rng.standard_normal((256, H)).astype(np.float32)
+    ids = t["input_ids"]
+    out: dict[str, np.ndarray] = {}
+    cur = t["final_norm"][:T - 1]
+    for k in range(k_steps):
+        n = T - 1 - k
+        hid, tok = cur[:n], ids[k + 1:k + 1 + n]
+        emb = emb_table[tok]
+        cat = np.concatenate([_rms(emb), _rms(hid)], -1)
+        raw = (np.tanh(cat @ w) * 3 + hid).astype(np.float32)
+        norm = _rms(raw)
+        out["aux.0" if k == 0 else f"recycle.{k}"] = hid.copy()
+        out[f"draft_ids.{k}"] = tok.copy()
+        out[f"draft_cat.{k}"] = cat
+        out[f"draft_out.{k}"] = raw
+        out[f"draft_norm.{k}"] = norm
+        cur = norm if recycle == "d_norm" else raw
+    return out
+
+
+def _write(path, tensors, side, consumer=None, **meta):
+    md = {"side": side, "model": {"num_layers": N}, **meta}
+    if consumer is not None:
+        md["extra"] = {"consumer": consumer}
+    return write_dump(path, tensors, DumpMetadata.model_validate(md))
+
+
+def _all_three(ref, cand, *cli_args, **api):
+    """Exit code and verdict of the CLI, the API's verdict and whether the pytest helper raised."""
+    res = CliRunner().invoke(main, ["compare", str(ref), str(cand), "--json", "-", *cli_args])
+    rep = json.loads(res.stdout)
+    via_api = consistency.compare(str(ref), str(cand), **api)
+    try:
+        assert_consistent(str(ref), str(cand), **api)
+        raised = False
+    except AssertionError:
+        raised = True
+    return res.exit_code, rep, via_api, raised
+
+
+@pytest.mark.parametrize("declared", ["reference", "cli"])
+def test_recycle_checked_within_candidate_when_reference_has_no_steps(tmp_path, declared):
+    """A reference with the target's streams and a declared d_norm MTP consumer but no per-step
+    tensors; the candidate recycles d_raw (its own draft_out.{k-1}): never PASS with recycle.k
+    left as "only in the candidate" (issue 24 bar 6)."""
+    t = _target()
+    consumer = {"kind": "mtp", "recycle": "d_norm"} if declared == "reference" else None
+    ref = _write(tmp_path / "ref.safetensors", t, "training", consumer)
+    bad = _write(tmp_path / "bad.safetensors", {**_steps(t, "d_raw"), "input_ids": t["input_ids"]}, "serving",
+                 {"kind": "mtp", "recycle": "d_raw"})  # the candidate's claim agrees with itself: never used
+    good = _write(tmp_path / "good.safetensors", {**_steps(t, "d_norm"), "input_ids": t["input_ids"]}, "serving")
+    extra = ["--consumer", "mtp"] if declared == "cli" else []
+    kw = {"consumer": "mtp"} if declared == "cli" else {}
+    code, rep, api, raised = _all_three(ref, bad, *extra, **kw)
+    assert code == 1 and rep["verdict"] == "fail" and api.verdict == "fail" and raised
+    codes = {f["tensor"]: f["code"] for f in rep["findings"] if f["severity"] == "error"}
+    assert codes.get("recycle.1") == "RECYCLE_NORM_MISSING" and codes.get("recycle.2") == "RECYCLE_NORM_MISSING"
+    assert not any(f["code"] == "EXTRA" and f["tensor"] == "recycle.1" for f in rep["findings"])
+    code, rep, api, raised = _all_three(ref, good, *extra, **kw)
+    assert code == 0 and rep["verdict"] == "pass" and api.verdict == "pass" and not raised
+    ok = {f["tensor"] for f in rep["findings"] if f["code"] == "OK"}
+    assert {"recycle.1", "recycle.2"} <= ok
