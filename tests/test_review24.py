@@ -103,3 +103,21 @@ def test_recycle_checked_within_candidate_when_reference_has_no_steps(tmp_path, 
     assert code == 0 and rep["verdict"] == "pass" and api.verdict == "pass" and not raised
     ok = {f["tensor"] for f in rep["findings"] if f["code"] == "OK"}
     assert {"recycle.1", "recycle.2"} <= ok
+
+
+@pytest.mark.parametrize("consumer", [{"kind": "mtp", "recycle": "d_norm"}, None])
+def test_serving_step0_named_against_a_reference_of_target_streams_only(tmp_path, consumer):
+    """A reference of target streams only (no aux.0, no per-step tensors) and a candidate
+    whose T-1-row step 0 holds the pre-norm stream N-1: identification sees the streams'
+    first T-1 rows, so it is named (LAYER_MISMATCH with a consumer, EXPECTATION_UNKNOWN
+    without one), never UNKNOWN / UNMATCHED "matches no reference tensor" (bar 5)."""
+    t = _target()
+    ref = _write(tmp_path / "ref.npz", t, "training", consumer)
+    steps = _steps(t, "d_norm")
+    steps["aux.0"] = t[f"hidden.{N - 1}"][:T - 1].copy()
+    cand = _write(tmp_path / "cand.npz", {**steps, "input_ids": t["input_ids"]}, "serving")
+    code, rep, api, raised = _all_three(ref, cand)
+    assert code == 1 and api.verdict == "fail" and raised
+    (slot,) = rep["slots"]
+    assert slot["identified_stream"] == N - 1
+    assert slot["code"] == ("LAYER_MISMATCH" if consumer else "EXPECTATION_UNKNOWN")
