@@ -121,3 +121,28 @@ def test_serving_step0_named_against_a_reference_of_target_streams_only(tmp_path
     (slot,) = rep["slots"]
     assert slot["identified_stream"] == N - 1
     assert slot["code"] == ("LAYER_MISMATCH" if consumer else "EXPECTATION_UNKNOWN")
+
+
+def test_reference_recycle_claim_against_its_values(tmp_path):
+    """A reference whose per-step values recycle d_norm while its metadata's consumer says
+    d_raw: the values decide (a d_norm candidate passes, a d_raw one fails) and the claim is
+    reported (REF_CLAIM_CONTRADICTED); a declaration saying d_raw is CONTRACT_CONFLICT (bar 2)."""
+    t = _target()
+    steps = _steps(t, "d_norm")
+    ref = _write(tmp_path / "ref.safetensors", {**t, **steps}, "training", {"kind": "mtp", "recycle": "d_raw"})
+    good = _write(tmp_path / "good.safetensors", {**steps, "input_ids": t["input_ids"]}, "serving")
+    bad = _write(tmp_path / "bad.safetensors", {**_steps(t, "d_raw"), "input_ids": t["input_ids"]}, "serving")
+    code, rep, api, raised = _all_three(ref, good)
+    assert code == 0 and api.verdict == "pass" and not raised
+    claim = [f for f in rep["findings"] if f["code"] == "REF_CLAIM_CONTRADICTED"]
+    assert len(claim) == 1 and claim[0]["severity"] == "warning" and "d_raw" in claim[0]["message"]
+    code, rep, api, raised = _all_three(ref, bad)
+    assert code == 1 and raised and any(f["code"] == "RECYCLE_NORM_MISSING" for f in rep["findings"])
+
+    plain = _write(tmp_path / "plain.safetensors", {**t, **steps}, "training")
+    contract = tmp_path / "k.json"
+    contract.write_text(json.dumps({"target": {"num_layers": N}, "slots": [{"stream": N, "norm": "final_norm"}],
+                                    "consumer": {"kind": "mtp", "recycle": "d_raw"}}))
+    code, rep, api, raised = _all_three(plain, good, "--contract", str(contract), contract=str(contract))
+    assert code == 1 and api.verdict == "fail" and raised
+    assert rep["findings"][0]["code"] == "CONTRACT_CONFLICT" and "d_raw" in rep["findings"][0]["message"]

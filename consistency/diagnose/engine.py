@@ -43,7 +43,7 @@ def explain(cmp: Comparison) -> tuple[list[Finding], story.Story | None]:
         from consistency.diagnose import layout
 
         findings[:0] = layout.findings(cmp.cand, "candidate") + layout.findings(cmp.ref, "reference")
-    findings[:0] = _concat_checks(cmp) + _conflicts(cmp) + _same_input(cmp)
+    findings[:0] = _concat_checks(cmp) + _conflicts(cmp) + draft_steps.recycle_claims(cmp) + _same_input(cmp)
     sides = _sides(cmp)
     findings[:0] = [f for f in sides if f.severity == Severity.error]  # a clear swap leads: it changes every reading
     findings += [f for f in sides if f.severity != Severity.error]
