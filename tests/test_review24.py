@@ -146,3 +146,42 @@ def test_reference_recycle_claim_against_its_values(tmp_path):
     code, rep, api, raised = _all_three(plain, good, "--contract", str(contract), contract=str(contract))
     assert code == 1 and api.verdict == "fail" and raised
     assert rep["findings"][0]["code"] == "CONTRACT_CONFLICT" and "d_raw" in rep["findings"][0]["message"]
+
+
+def _mlp_partial(seed: int = 0):
+    """Stream s = stream s-1 + attention + MLP, the MLP a row-parallel matmul over two ranks:
+    (streams, the MLP's output, rank 0's share of it)."""
+    rng = np.random.default_rng(seed)
+    t = _target(seed)
+    act = rng.standard_normal((T, 4 * H))
+    w = rng.standard_normal((4 * H, H)) * 0.05
+    p0, p1 = act[:, :2 * H] @ w[:2 * H], act[:, 2 * H:] @ w[2 * H:]
+    attn = rng.standard_normal((T, H)) * 0.3
+    s = 3
+    for k in range(s, N + 1):  # rebuild streams s.. so that stream s = s-1 + attn + mlp exactly
+        t[f"hidden.{k}"] = (t[f"hidden.{k - 1}"] + (attn + p0 + p1 if k == s else 0.4 * rng.standard_normal((T, H))))
+        t[f"hidden.{k}"] = t[f"hidden.{k}"].astype(np.float32)
+    t["final_norm"] = _rms(t[f"hidden.{N}"])
+    return t, s, (t[f"hidden.{s}"] - p1).astype(np.float32)
+
+
+@pytest.mark.parametrize("bf16", [False, True])
+def test_missing_all_reduce_without_block_outputs_is_partial_shard(tmp_path, bf16):
+    """A reference of streams only (no attn_out/mlp_out) and a slot that lost the other rank's
+    share of its last MLP (a missing all-reduce): PARTIAL_SHARD on the whole layer's delta,
+    never NUMERIC_DRIFT with a quantization fix nor UNKNOWN (bar 5)."""
+    from consistency.dump.dtypes import float32_to_bf16_bits
+
+    t, s, short = _mlp_partial()
+    ref = _write(tmp_path / "ref.safetensors", {**t, "aux.0": t["hidden.1"], "aux.1": t[f"hidden.{s}"]}, "training",
+                 aux={"stream_ids": [1, s]})
+    cand = {"aux.0": t["hidden.1"], "aux.1": short, "input_ids": t["input_ids"]}
+    if bf16:
+        cand = {k: ((float32_to_bf16_bits(v), "bfloat16") if v.dtype == np.float32 else v) for k, v in cand.items()}
+    c = _write(tmp_path / "cand.safetensors", cand, "serving")
+    code, rep, api, raised = _all_three(ref, c)
+    assert code == 1 and api.verdict == "fail" and raised
+    slot1 = next(x for x in rep["slots"] if x["slot"] == 1)
+    assert slot1["code"] == "PARTIAL_SHARD", rep["summary"]
+    f = next(x for x in rep["findings"] if x["code"] == "PARTIAL_SHARD")
+    assert f["evidence"]["block"] == "layer" and "no block outputs" in f["message"]
