@@ -185,3 +185,22 @@ def test_missing_all_reduce_without_block_outputs_is_partial_shard(tmp_path, bf1
     assert slot1["code"] == "PARTIAL_SHARD", rep["summary"]
     f = next(x for x in rep["findings"] if x["code"] == "PARTIAL_SHARD")
     assert f["evidence"]["block"] == "layer" and "no block outputs" in f["message"]
+
+
+def test_concatenated_reference_aux_split_by_the_candidates_slot_width(tmp_path):
+    """A hand-written reference holding only ``aux`` = cat(slots) (no metadata, no streams) and
+    a candidate with per-slot ``aux.{i}``: the reference splits by the candidate's slot width,
+    slot i meets slot i (docs/format.md), never SHAPE_MISMATCH against the whole concatenation."""
+    t = _target()
+    ref = tmp_path / "ref.npz"
+    np.savez(ref, aux=np.concatenate([t["hidden.1"], t["hidden.3"]], -1), input_ids=t["input_ids"])
+    good, bad = tmp_path / "good.npz", tmp_path / "bad.npz"
+    np.savez(good, **{"aux.0": t["hidden.1"], "aux.1": t["hidden.3"]}, input_ids=t["input_ids"])
+    np.savez(bad, **{"aux.0": t["hidden.1"], "aux.1": t["hidden.4"]}, input_ids=t["input_ids"])
+    code, rep, api, raised = _all_three(ref, good)
+    assert code == 0 and api.verdict == "pass" and not raised
+    assert [s["code"] for s in rep["slots"]] == ["OK", "OK"]
+    code, rep, api, raised = _all_three(ref, bad)
+    assert code == 1 and raised
+    assert [s["code"] for s in rep["slots"]][0] == "OK" and not any(f["code"] == "SHAPE_MISMATCH"
+                                                                   for f in rep["findings"])
