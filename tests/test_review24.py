@@ -204,3 +204,32 @@ def test_concatenated_reference_aux_split_by_the_candidates_slot_width(tmp_path)
     assert code == 1 and raised
     assert [s["code"] for s in rep["slots"]][0] == "OK" and not any(f["code"] == "SHAPE_MISMATCH"
                                                                    for f in rep["findings"])
+
+
+@pytest.mark.parametrize("case", ["embedding_shard", "embedding_in_slice", "deep_stream_shard_pattern"])
+def test_zero_rows_are_a_vocab_shard_only_when_they_follow_one(tmp_path, case):
+    """Zero token rows read as a vocab-parallel embedding without its all-reduce only on the
+    embedding (stream 0) and only when the zero rows' ids lie outside the one slice the other
+    rows' ids share; zero rows of a deeper stream, or with ids inside that slice, are
+    BAD_TOKENS (bar 5)."""
+    t = _target()
+    rng = np.random.default_rng(3)
+    ids = rng.integers(10, 120, T)
+    ids[[2, 7, 11]] = [200, 150, 190] if case != "embedding_in_slice" else [1, 2, 3]
+    t["input_ids"] = ids.astype(np.int64)
+    ref = _write(tmp_path / "ref.safetensors", {**t, "aux.0": t["hidden.0"], "aux.1": t["hidden.3"]}, "training",
+                 aux={"stream_ids": [0, 3]}, model={"num_layers": N, "vocab_size": 256})
+    a0, a1 = t["hidden.0"].copy(), t["hidden.3"].copy()
+    if case == "embedding_shard":
+        a0[[2, 7, 11]] = 0  # ids 200, 150, 190: rank 1's half of the vocabulary
+    elif case == "embedding_in_slice":
+        a0[[2, 7, 11]] = 0  # ids 1, 2, 3: outside the kept rows' span, inside the slice [0, 128) they share
+    else:
+        a1[[2, 7, 11]] = 0  # the same pattern on stream 3, which attention mixes: not an embedding shard
+    c = _write(tmp_path / "cand.safetensors", {"aux.0": a0, "aux.1": a1, "input_ids": t["input_ids"]}, "serving")
+    code, rep, api, raised = _all_three(ref, c)
+    assert code == 1 and raised and api.verdict == "fail"
+    codes = {s["slot"]: s["code"] for s in rep["slots"]}
+    want = {"embedding_shard": {0: "PARTIAL_SHARD", 1: "OK"}, "embedding_in_slice": {0: "BAD_TOKENS", 1: "OK"},
+            "deep_stream_shard_pattern": {0: "OK", 1: "BAD_TOKENS"}}[case]
+    assert codes == want, rep["summary"]
