@@ -233,3 +233,19 @@ def test_zero_rows_are_a_vocab_shard_only_when_they_follow_one(tmp_path, case):
     want = {"embedding_shard": {0: "PARTIAL_SHARD", 1: "OK"}, "embedding_in_slice": {0: "BAD_TOKENS", 1: "OK"},
             "deep_stream_shard_pattern": {0: "OK", 1: "BAD_TOKENS"}}[case]
     assert codes == want, rep["summary"]
+
+
+def test_same_tensors_in_memory_are_same_input():
+    """One mapping passed twice (or a copy of it) to the API or the pytest helper verifies
+    nothing: SAME_INPUT, as for a file compared with itself; equal values computed twice
+    (other arrays) still compare and pass (bar 3)."""
+    t = _target()
+    ref = {**t, "aux.0": t["hidden.1"], "aux.1": t["hidden.3"]}
+    for cand in (ref, dict(ref)):
+        rep = consistency.compare(ref, cand)
+        assert rep.verdict == "fail" and rep.findings[0].code == "SAME_INPUT"
+        with pytest.raises(AssertionError, match="SAME_INPUT"):
+            assert_consistent(ref, cand)
+    again = {k: v.copy() for k, v in ref.items()}
+    assert consistency.compare(ref, again).verdict == "pass"
+    assert_consistent(ref, again)
