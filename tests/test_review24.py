@@ -249,3 +249,25 @@ def test_same_tensors_in_memory_are_same_input():
     again = {k: v.copy() for k, v in ref.items()}
     assert consistency.compare(ref, again).verdict == "pass"
     assert_consistent(ref, again)
+
+
+def test_thin_reference_offset_measured_on_some_slots_consistent_on_the_rest(tmp_path):
+    """A speculators hs_* file (streams [2, 4, 5] + the appended last state) and a server one
+    layer late ([3, 5, 6]): slots 1 and 2 are measured (the file holds 5 and 6), slot 0 lies
+    between 2 and 4 where only stream 3 fits. The headline is the one offset for every slot,
+    saying which slots measure it, not slot 0's UNKNOWN (bar 5: whether all slots moved the
+    same way)."""
+    from safetensors.numpy import save_file
+
+    t = _target(11)
+    hs = tmp_path / "hs_0.safetensors"
+    save_file({"hidden_states": np.stack([t["hidden.2"], t["hidden.4"], t["hidden.5"], t[f"hidden.{N}"]], 1),
+               "token_ids": t["input_ids"]}, str(hs))
+    cand = _write(tmp_path / "serve.safetensors", {"aux.0": t["hidden.3"], "aux.1": t["hidden.5"],
+                                                   "aux.2": t["hidden.6"], "input_ids": t["input_ids"]}, "serving")
+    args = ["--layer-ids", "2,4,5,6", "--convention", "speculators"]
+    code, rep, api, raised = _all_three(hs, cand, *args, layer_ids="2,4,5,6", convention="speculators")
+    assert code == 1 and api.verdict == "fail" and raised
+    assert rep["findings"][0]["code"] == "LAYER_OFFSET", rep["summary"]
+    assert "every slot is 1 layer later" in rep["summary"] and "measured on slots [1, 2]" in rep["summary"]
+    assert "stream 3" in rep["summary"] and api.summary == rep["summary"]

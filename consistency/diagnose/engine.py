@@ -81,7 +81,9 @@ def _story(cmp: Comparison, ev: Evidence, actual: dict[int, int | None],
     got = [actual.get(r.slot or 0) for r in slots]
     st = story.tell(expected, got, cand_side, ref_side, ev._num_layers())
     if st is None:  # a thin reference: where the slots lie between the streams it records (values, not claims)
-        st = thin.story(ev, slots, [unexplained.get(r.slot or 0, False) for r in slots], cand_side, ref_side)
+        unexp = [unexplained.get(r.slot or 0, False) for r in slots]
+        st = thin.story(ev, slots, unexp, cand_side, ref_side) or \
+            thin.mixed(ev, slots, expected, got, unexp, cand_side, ref_side)
     claimed = cmp.plan.cand.claimed_streams
     if st is None and all(g is None for g in got) and claimed and len(claimed) == len(slots) \
             and not any(r.status in (Status.unpaired, Status.ok) for r in slots):
