@@ -11,13 +11,11 @@ import json
 
 import numpy as np
 import pytest
-from click.testing import CliRunner
-
 import consistency
-from consistency.cli import main
 from consistency.contract.models import DumpMetadata
 from consistency.dump.writer import write_dump
 from consistency.testing import assert_consistent
+from tests.conftest import run_cli
 
 N, T, H = 6, 20, 32
 
@@ -70,7 +68,7 @@ def _write(path, tensors, side, consumer=None, **meta):
 
 def _all_three(ref, cand, *cli_args, **api):
     """Exit code and verdict of the CLI, the API's verdict and whether the pytest helper raised."""
-    res = CliRunner().invoke(main, ["compare", str(ref), str(cand), "--json", "-", *cli_args])
+    res = run_cli("compare", str(ref), str(cand), "--json", "-", *cli_args)
     rep = json.loads(res.stdout)
     via_api = consistency.compare(str(ref), str(cand), **api)
     try:
@@ -78,7 +76,7 @@ def _all_three(ref, cand, *cli_args, **api):
         raised = False
     except AssertionError:
         raised = True
-    return res.exit_code, rep, via_api, raised
+    return res.returncode, rep, via_api, raised
 
 
 @pytest.mark.parametrize("declared", ["reference", "cli"])
@@ -271,3 +269,28 @@ def test_thin_reference_offset_measured_on_some_slots_consistent_on_the_rest(tmp
     assert rep["findings"][0]["code"] == "LAYER_OFFSET", rep["summary"]
     assert "every slot is 1 layer later" in rep["summary"] and "measured on slots [1, 2]" in rep["summary"]
     assert "stream 3" in rep["summary"] and api.summary == rep["summary"]
+
+
+def test_stage_layout_larger_than_the_set_its_names_say_is_refused(tmp_path):
+    """Two rank files named -of2 whose layouts declare 3 pipeline stages (tp 1, dp 1): no
+    rank is missing, the layout does not fit the names; one line, exit 2, from the CLI and
+    the API (bar 7), never "stage 2 of 3 wrote no rank file (ranks [] of 2 missing)"."""
+    from safetensors.numpy import save_file
+
+    from consistency.errors import InputError
+
+    t = _target()
+    ref = _write(tmp_path / "ref.safetensors", {**t, "aux.0": t["hidden.1"], "aux.1": t["hidden.4"]}, "training",
+                 aux={"stream_ids": [1, 4]})
+    d = tmp_path / "serve"
+    d.mkdir()
+    for rank, (layers, tens) in enumerate((((0, 3), {"aux.0": t["hidden.1"]}), ((3, 6), {"aux.1": t["hidden.4"]}))):
+        meta = {"side": "serving", "rank": rank, "world_size": 2,
+                "extra": {"parallel": {"pp": {"rank": rank, "size": 3, "layers": list(layers)}}}}
+        save_file({**tens, "input_ids": t["input_ids"]}, str(d / f"s.rank{rank}-of2.safetensors"),
+                  metadata={"consistency": json.dumps(meta)})
+    res = run_cli("compare", str(ref), str(d), "-q")
+    assert res.returncode == 2, res.stderr
+    assert "3 ranks, but their names say 2" in res.stderr and len(res.stderr.strip().splitlines()) == 1
+    with pytest.raises(InputError, match="their names say 2"):
+        consistency.compare(str(ref), str(d))
