@@ -294,3 +294,17 @@ def test_stage_layout_larger_than_the_set_its_names_say_is_refused(tmp_path):
     assert "3 ranks, but their names say 2" in res.stderr and len(res.stderr.strip().splitlines()) == 1
     with pytest.raises(InputError, match="their names say 2"):
         consistency.compare(str(ref), str(d))
+
+
+@pytest.mark.parametrize("k", [-1, 2])
+def test_offset_other_than_plus_one_is_not_called_the_sglang_plus_one_family(tmp_path, k):
+    """Every slot k layers off: only k = +1 is SGLang's +1; -1 is it the other way round,
+    +2 no family at all (a message that misleads)."""
+    t = _target()
+    ref = _write(tmp_path / "ref.safetensors", {**t, "aux.0": t["hidden.2"], "aux.1": t["hidden.3"]}, "training")
+    cand = _write(tmp_path / "cand.safetensors", {"aux.0": t[f"hidden.{2 + k}"], "aux.1": t[f"hidden.{3 + k}"],
+                                                  "input_ids": t["input_ids"]}, "serving")
+    code, rep, api, raised = _all_three(ref, cand)
+    assert code == 1 and raised and f"off by {k:+d}" in rep["summary"]
+    assert ("the other way round" in rep["summary"]) == (k == -1)
+    assert (", the SGLang +1 family)" in rep["summary"]) is False

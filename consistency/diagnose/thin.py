@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from consistency.compare.engine import Result
 from consistency.diagnose.evidence import Evidence
-from consistency.diagnose.story import Story
+from consistency.diagnose.story import Story, family
 from consistency.dump import names
 
 
@@ -247,7 +247,7 @@ def mixed(ev: Evidence, slots: Sequence[Result], expected: Sequence[int | None],
     measured = [r.slot for r, g in zip(slots, got, strict=False) if g is not None]
     fmt = "[" + ", ".join("?" if x is None else str(x) for x in got) + "]"
     sentence = (f"{cand_side} fed streams {fmt}; {ref_side} used {list(expected)} -- every slot is {abs(k)} layer"
-                f"{'s' if abs(k) != 1 else ''} {side} (a layer-id convention off by {k:+d}, the SGLang +1 family): "
+                f"{'s' if abs(k) != 1 else ''} {side} (a layer-id convention off by {k:+d}{family(k)}): "
                 f"measured on slot{'s' if len(measured) != 1 else ''} {measured}; {'; '.join(said)}, consistent with "
                 f"it (the reference records streams {recorded(ev, slots[0])}{_only(ev)})")
     return Story("LAYER_OFFSET", sentence, {"offset": k, "expected": list(expected), "actual": list(got),
