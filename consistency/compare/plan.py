@@ -12,10 +12,12 @@ from consistency.compare import expect
 from consistency.compare.refslots import meaning_of
 from consistency.compare.types import (Conflict, Declared, Entry, Expectation, Note, Pair, Plan, RefSlot, SideFacts,
                                        Source)
+from consistency.contract.models import Recycle
 from consistency.dump import names
 from consistency.dump.reader import Dump
 
 COMPONENTS = (".hidden_states", ".residual")
+OWN_STEP = "own_step"  # a candidate recycle.k the reference lacks: checked against the candidate's own states
 
 
 def is_component(name: str) -> bool:
@@ -62,7 +64,10 @@ def build(dumps: Pair[Dump], sides: Pair[SideFacts], ref_slots: tuple[RefSlot, .
     step_missing = _step_missing(cand, not_compared)  # per-step draft tensors: one absent step is MISSING
     missing += step_missing
     not_compared = [n for n in not_compared if n not in step_missing]
-    extra = [n for n in cand.names if n not in ref.tensors and n not in aux_names and not is_component(n)]
+    own = _own_steps(cand, ref, consumer)
+    entries += [Entry(n, cand[n], Expectation(None, None, csource, OWN_STEP)) for n in own]
+    extra = [n for n in cand.names if n not in ref.tensors and n not in aux_names and not is_component(n)
+             and n not in own]
     notes = list(rs.notes) + list(cs.notes)
     for label, d in (("reference", ref), ("candidate", cand)):
         if d.metadata and isinstance(d.metadata.extra.get("notes"), list):
@@ -70,6 +75,16 @@ def build(dumps: Pair[Dump], sides: Pair[SideFacts], ref_slots: tuple[RefSlot, .
                       if isinstance(x, str)]
     return Plan(sides, ref_slots, tuple(entries), tuple(missing), tuple(extra), tuple(not_compared), consumer,
                 csource, n_layers, tuple(conflicts), tuple(notes))
+
+
+def _own_steps(cand: Dump, ref: Dump, consumer: object | None) -> list[str]:
+    """The candidate's ``recycle.k`` (k >= 1) the reference does not record, when the
+    reference's consumer (else the user's) says what the draft recycles: each is checked
+    against the candidate's own step k-1 states (compare.steps), never left as "extra"."""
+    if consumer is None or getattr(consumer, "recycle", None) not in (Recycle.d_norm, Recycle.d_raw, Recycle.target):
+        return []
+    return [n for n in cand.names if n not in ref.tensors and names.parse(n).kind == names.RECYCLE
+            and names.parse(n).index]
 
 
 def _recorded_kinds(ref: Dump, cand: Dump) -> set[str]:

@@ -111,7 +111,7 @@ def pair(dumps: Pair[Dump], plan: Plan) -> tuple[dict[str, Rows], list[TensorVie
         if got.ref is not None and got.ref is not rv:
             made.append(got.ref)
         out[e.name] = got
-    return out, made + step0_prefixes(ref, plan, made), notes
+    return out, made + step0_prefixes(ref, plan, made, cand), notes
 
 
 def _pair_one(ref: Dump, cand: Dump, name: str, cv: TensorView, rv: TensorView, post_norm: bool,
@@ -149,12 +149,17 @@ def _pair_one(ref: Dump, cand: Dump, name: str, cv: TensorView, rv: TensorView, 
     return Rows(c_view, r_view, RowPairing(**base, cand_keys=tuple(common), ref_keys=tuple(common)))
 
 
-def step0_prefixes(ref: Dump, plan: Plan, made: list[TensorView]) -> list[TensorView]:
+def step0_prefixes(ref: Dump, plan: Plan, made: list[TensorView], cand: Dump | None = None) -> list[TensorView]:
     """Rows 0..n-1 of the reference's target streams (``hidden.*``, ``final_norm``) for each
     row count n of a draft's step-0 input (``aux.0`` on either side) shorter than them, so
     identification sees what that input is across the row offset: row r of a draft's step 0
-    is position r (shift pairing drops the last row, which has no next token)."""
-    if not any(names.parse(n).kind in names.DRAFT_KINDS for n in ref.tensors):
+    is position r (shift pairing drops the last row, which has no next token). A draft dump
+    is one with per-step tensors on either side, or a last-state consumer (the reference's
+    claim or the user's declaration): a reference of target streams only still names what
+    a serving step 0 was fed."""
+    drafts = [d for d in (ref, cand) if d is not None]
+    last = plan.consumer is not None and plan.consumer.kind in LAST_STATE
+    if not last and not any(names.parse(n).kind in names.DRAFT_KINDS for d in drafts for n in d.tensors):
         return []
     views = [e.cand for e in plan.slots if e.slot == 0] + [ref.tensors.get(names.aux(0))]
     counts = {v.rows for v in views if v is not None and v.is_float}

@@ -22,8 +22,14 @@ EXTRA_KEY = "consumer"  # metadata.extra["consumer"] (docs/format.md)
 
 
 def hidden_width(d: Dump) -> int | None:
+    """The hidden size a dump's tensors show: a stream or block output, else a per-slot
+    ``aux.{i}`` (one slot is one hidden state), so the other side's concatenated ``aux`` splits."""
     for n in d.names:
         if names.parse(n).kind in (names.HIDDEN, names.MLP_OUT, names.ATTN_OUT) and d[n].cols > 1:
+            return d[n].cols
+    for n in d.names:
+        if n.startswith(names.AUX + ".") and names.parse(n).kind == names.AUX and names.parse(n).index is not None \
+                and n.count(".") == 1 and d[n].cols > 1:
             return d[n].cols
     return None
 

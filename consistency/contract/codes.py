@@ -161,8 +161,8 @@ CODES: dict[str, CodeSpec] = {c.code: c for c in (
          "what the reference's own slots hold or claim: the reference's values (else its claims) are used",
          "fix the declaration, or the reference: the draft was trained on what the reference holds",
          "docs/architecture.md, the evidence model: the reference's values > its claims > a declaration"),
-    Code("REF_CLAIM_CONTRADICTED", _W, "the reference's metadata claims a stream its values are not: the values "
-         "are used", "fix the producer's aux.stream_ids (or the norm state it records)",
+    Code("REF_CLAIM_CONTRADICTED", _W, "the reference's metadata claims a stream (or a recycle rule) its values are "
+         "not: the values are used", "fix the producer's aux.stream_ids (or the norm state, or the consumer, it records)",
          "docs/architecture.md, the evidence model: values over claims"),
     Code("SAME_INPUT", _E, "the reference and the candidate are the same file: nothing was verified",
          "compare the training dump with the serving dump (consistency compare TRAIN SERVE)",

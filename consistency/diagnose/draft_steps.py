@@ -298,3 +298,25 @@ def _order(f: Finding) -> tuple[int, int] | None:
 
 def _where(f: Finding) -> str:
     return f.tensor or f"reference {f.evidence.get('reference_tensor', '?')}"
+
+
+def recycle_claims(cmp: Comparison) -> list[Finding]:
+    """The reference's own recycle (its ``recycle.k`` against its ``draft_norm``/``draft_out``)
+    against what its metadata's consumer (REF_CLAIM_CONTRADICTED, a warning) or the user's
+    declaration (CONTRACT_CONFLICT) says: the values win, and the other source is named once."""
+    spec = cmp.plan.consumer
+    if spec is None or spec.recycle not in (Recycle.d_norm, Recycle.d_raw, Recycle.target):
+        return []
+    for r in sorted((r for r in cmp.results if r.step is not None), key=lambda r: step_order(r.name) or (0, 0)):
+        st = r.step
+        if st.ref_kind is None or st.rule_source != Source.ref_values or st.ref_kind == spec.recycle:
+            continue
+        k = names.parse(r.name).index or 0
+        claim = cmp.plan.consumer_source == Source.ref_claim
+        who = "the reference's metadata" if claim else "the declared"
+        msg = (f"{who} {spec.kind.value} consumer recycles {spec.recycle.value}, but the reference's own "
+               f"{r.name} is {_WHAT[st.ref_kind].format(j=k - 1)} ({st.ref_source}): its values are used")
+        return [Finding.make("REF_CLAIM_CONTRADICTED" if claim else "CONTRACT_CONFLICT", msg, tensor=None,
+                             evidence={"tensor": r.name, "claimed": spec.recycle.value, "values": st.ref_kind.value,
+                                       "holds": st.ref_source, "winner": Source.ref_values.value})]
+    return []

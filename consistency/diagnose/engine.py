@@ -43,7 +43,7 @@ def explain(cmp: Comparison) -> tuple[list[Finding], story.Story | None]:
         from consistency.diagnose import layout
 
         findings[:0] = layout.findings(cmp.cand, "candidate") + layout.findings(cmp.ref, "reference")
-    findings[:0] = _concat_checks(cmp) + _conflicts(cmp) + _same_input(cmp)
+    findings[:0] = _concat_checks(cmp) + _conflicts(cmp) + draft_steps.recycle_claims(cmp) + _same_input(cmp)
     sides = _sides(cmp)
     findings[:0] = [f for f in sides if f.severity == Severity.error]  # a clear swap leads: it changes every reading
     findings += [f for f in sides if f.severity != Severity.error]
@@ -81,7 +81,9 @@ def _story(cmp: Comparison, ev: Evidence, actual: dict[int, int | None],
     got = [actual.get(r.slot or 0) for r in slots]
     st = story.tell(expected, got, cand_side, ref_side, ev._num_layers())
     if st is None:  # a thin reference: where the slots lie between the streams it records (values, not claims)
-        st = thin.story(ev, slots, [unexplained.get(r.slot or 0, False) for r in slots], cand_side, ref_side)
+        unexp = [unexplained.get(r.slot or 0, False) for r in slots]
+        st = thin.story(ev, slots, unexp, cand_side, ref_side) or \
+            thin.mixed(ev, slots, expected, got, unexp, cand_side, ref_side)
     claimed = cmp.plan.cand.claimed_streams
     if st is None and all(g is None for g in got) and claimed and len(claimed) == len(slots) \
             and not any(r.status in (Status.unpaired, Status.ok) for r in slots):
@@ -111,6 +113,10 @@ def ev_n(cmp: Comparison) -> int | None:
 def _same_input(cmp: Comparison) -> list[Finding]:
     """A file compared with itself verifies nothing (and is not "swapped")."""
     a, b = cmp.ref.path, cmp.cand.path
+    same_data = getattr(cmp.ref, "same_data", None)
+    if cmp.ref is cmp.cand or (same_data is not None and same_data(cmp.cand)):  # in memory: the same tensors twice
+        return [Finding.make("SAME_INPUT", f"the reference and the candidate are the same tensors in memory ({a} and "
+                             f"{b} hold the same arrays): everything agrees with itself, so nothing was verified")]
     try:
         same = os.path.exists(a) and os.path.exists(b) and os.path.samefile(a, b)
     except OSError:

@@ -78,6 +78,13 @@ def find(ev: Evidence, r: Result) -> Partial | None:
         if split:
             return Partial(s - 1, block, name, share, cos, n_part, n_whole, x.shape[0], True, _proof(ev, r, e, m))
         large = large or Partial(s - 1, block, name, share, cos, n_part, n_whole, x.shape[0])
+    if large is None and ev.ref(r, names.mlp_out(s - 1)) is None and ev.ref(r, names.attn_out(s - 1)) is None:
+        prev = ev.ref(r, names.hidden(s - 1))  # no block outputs recorded: the whole layer's delta stands for them
+        got = _split(x, e, e - prev) if prev is not None and prev.shape == e.shape else None
+        if got is not None:
+            share, cos, n_part, n_whole, split = got
+            large = Partial(s - 1, "layer", f"{names.hidden(s)} - {names.hidden(s - 1)}", share, cos, n_part,
+                            n_whole, x.shape[0], split, _proof(ev, r, e, e - prev) if split else 0)
     return large
 
 
@@ -121,11 +128,14 @@ def sentence(ev: Evidence, p: Partial) -> str:
     rank = f" (rank {meta.rank} of {meta.world_size})" if meta is not None and meta.rank is not None and \
         meta.world_size else ""
     where = "tensor-parallel all-reduce or expert-parallel MoE combine" if p.block == "MLP" else \
-        "tensor-parallel all-reduce (the attention output projection is row-parallel)"
+        "tensor-parallel all-reduce (the attention output projection is row-parallel)" if p.block == "attention" else \
+        ("tensor-parallel all-reduce or expert-parallel MoE combine, or between the layer's attention and MLP (the "
+         "reference records no block outputs, attn_out/mlp_out, to tell which block is short)")
+    block = "output" if p.block == "layer" else f"{p.block} output"
     whole = f"; {p.whole_rows} rows are whole (tokens whose experts all live on this rank)" if p.whole_rows else ""
     how = f"the {p.proven_by} ranks' copies sum to it once the replicated part is counted once" if p.proven_by else \
         (f"what is present and what is missing are near-orthogonal parts of it (median |cos| {p.cos:.2f}): a "
          f"partial sum, not an error of that size")
-    return (f"holds stream {p.layer + 1} with only part of layer {p.layer}'s {p.block} output ({p.tensor}){rank}: "
+    return (f"holds stream {p.layer + 1} with only part of layer {p.layer}'s {block} ({p.tensor}){rank}: "
             f"{p.share:.0%} of it is missing on {p.partial_rows} of {p.rows} sampled token rows{whole}, and {how}. "
             f"The capture is placed before the {where}")

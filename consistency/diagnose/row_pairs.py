@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from consistency.compare.engine import Result, Status
+from consistency.compare.plan import OWN_STEP
 from consistency.compare.types import Source, StepHeld
 from consistency.contract.findings import Finding, Severity
 from consistency.contract.models import Recycle
@@ -31,7 +32,11 @@ _CODE = {(Recycle.d_raw, Recycle.d_norm): "RECYCLE_NORM_MISSING",
 
 
 def no_rows(r: Result) -> bool:
-    """The pair shares no anchor: nothing of it was compared (compare.rows.pair)."""
+    """The pair shares no anchor: nothing of it was compared (compare.rows.pair), or it is a
+    ``recycle.k`` the reference does not record (compare.plan OWN_STEP): judged within the
+    candidate either way."""
+    if r.why == OWN_STEP and r.step is not None:
+        return True
     return r.rows is not None and r.rows.compared == 0 and r.status == Status.unverified
 
 
@@ -45,11 +50,11 @@ def _num(v: float | None) -> float | None:
 
 def unpaired_rows(r: Result) -> list[Finding]:
     """Findings for a pair with no common anchor."""
-    assert r.rows is not None
     n = names.parse(r.name)
-    base = {"tensor": r.name, "expected": r.expected, "evidence": {"rows": r.rows.as_dict()}}
+    base = {"tensor": r.name, "expected": r.expected, "evidence": {"rows": r.rows.as_dict() if r.rows else None}}
     if n.kind == names.RECYCLE and n.index and r.step is not None:
         return [_recycle_own(r, n.index, base)]
+    assert r.rows is not None
     late = n.kind in names.DRAFT_KINDS and n.kind != names.RECYCLE and bool(n.index) and r.rows.past_end
     msg = f"{_label(r)}: {words.no_rows(r.rows)}, so it was not compared"
     if late:
@@ -60,12 +65,12 @@ def unpaired_rows(r: Result) -> list[Finding]:
 
 def _recycle_own(r: Result, k: int, base: dict) -> Finding:
     st = r.step
-    assert st is not None and r.rows is not None
+    assert st is not None
     where = f"anchor{'s' if len(st.anchors) > 1 else ''} {st.anchors}"
     held = f"{_WHAT[st.cand_kind].format(j=k - 1)} ({st.cand_source} at the same {where})" \
         if st.cand_kind is not None else f"none of the candidate's own states at the same {where}"
-    head = f"{_label(r)} (the hidden state step {k} is fed): {words.no_rows(r.rows)}; checked within the " \
-           f"candidate: it is {held}"
+    why = words.no_rows(r.rows) if r.rows is not None else f"the reference records no {r.name}"
+    head = f"{_label(r)} (the hidden state step {k} is fed): {why}; checked within the candidate: it is {held}"
     ev = dict(base.pop("evidence"), holds=st.cand_source, recycle=st.cand_kind.value if st.cand_kind else None,
               expected_recycle=st.rule.value if st.rule else None, rule_from=rule_origin(st) or None,
               candidate_claims=st.claimed_rule.value if st.claimed_rule else None,

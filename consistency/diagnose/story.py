@@ -29,6 +29,15 @@ def _shifts(n: int) -> range:
     return range(1, n - 1) if n > 2 else range(1, n)
 
 
+def family(k: int) -> str:
+    """The convention family an offset of k layers belongs to (SGLang's model files add 1)."""
+    if k == 1:
+        return ", the SGLang +1 family"
+    if k == -1:
+        return ", the SGLang +1 family the other way round: the reference's ids were read with the +1"
+    return ""
+
+
 def describe(stream: int, num_layers: int | None) -> str:
     return names.stream_words(stream, num_layers, meaning_first=True)
 
@@ -57,7 +66,7 @@ def tell(expected: Sequence[int | None], actual: Sequence[int | None], cand_side
         if len(offs) == 1:
             k = offs.pop()
             return Story("LAYER_OFFSET", f"{head} -- every slot is {abs(k)} layer{'s' if abs(k) != 1 else ''} "
-                         f"{'later' if k > 0 else 'earlier'} (a layer-id convention off by {k:+d}, the SGLang +1 family)",
+                         f"{'later' if k > 0 else 'earlier'} (a layer-id convention off by {k:+d}{family(k)})",
                          {"offset": k, "expected": e, "actual": a})
         for k in _shifts(n):
             if a[: n - k] == e[k:]:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from consistency.compare.engine import Result
 from consistency.diagnose.evidence import Evidence
-from consistency.diagnose.story import Story
+from consistency.diagnose.story import Story, family
 from consistency.dump import names
 
 
@@ -149,15 +149,16 @@ def where(p: Position, top: int | None) -> str:
         dist = f"token rel_diff {p.d_expected:.3g} to stream {p.expected}" + \
             (f", {p.d_upper:.3g} to stream {p.upper}" if p.d_upper is not None else "")
         return (f"it lies after stream {p.expected}, {span} ({dist}): "
-                + (f"one of streams {p.expected + 1}..{hi}" if hi is not None else f"a stream past {p.expected}")
+                + ((f"stream {hi}" if hi == p.expected + 1 else f"one of streams {p.expected + 1}..{hi}")
+                   if hi is not None else f"a stream past {p.expected}")
                 + ", which the reference does not record")
     assert p.side == "earlier"
     lo = p.lower + 1 if p.lower is not None else 0
     span = f"between stream {p.lower} and it" if p.lower is not None else "before every stream it records"
     dist = f"token rel_diff {p.d_expected:.3g} to stream {p.expected}" + \
         (f", {p.d_lower:.3g} to stream {p.lower}" if p.d_lower is not None else "")
-    return f"it lies before stream {p.expected}, {span} ({dist}): one of streams {lo}..{p.expected - 1}, which " \
-           "the reference does not record"
+    which = f"stream {lo}" if lo == p.expected - 1 else f"one of streams {lo}..{p.expected - 1}"
+    return f"it lies before stream {p.expected}, {span} ({dist}): {which}, which the reference does not record"
 
 
 def _short(p: Position, top: int | None) -> str:
@@ -166,7 +167,9 @@ def _short(p: Position, top: int | None) -> str:
     if p.side == "later":
         hi = (b[1] - 1) if b is not None and b[1] is not None and p.strong else top
         rng = f"{p.expected + 1}..{hi}" if hi is not None else f"past {p.expected}"
-        return f"lies after stream {p.expected} (one of {rng})" if p.strong else \
+        one = hi is not None and hi == p.expected + 1
+        return (f"lies after stream {p.expected} (stream {hi}, unrecorded)" if one else
+                f"lies after stream {p.expected} (one of {rng})") if p.strong else \
             f"is no stream before {p.expected} ({rng}, or none)"
     lo = b[0] + 1 if b is not None and p.strong else 0
     return f"lies before stream {p.expected} (one of {lo}..{p.expected - 1})" if p.strong else \
@@ -213,3 +216,39 @@ def story(ev: Evidence, slots: Sequence[Result], unexplained: Sequence[bool], ca
              "which the values do not bear out)")
     return Story("LAYER_OFFSET", sentence, {"direction": side, "expected": expected, "measured": False,
                                            "ranges": [list(b) if b else None for b in ranges], "recorded": have})
+
+
+def mixed(ev: Evidence, slots: Sequence[Result], expected: Sequence[int | None], got: Sequence[int | None],
+          unexplained: Sequence[bool], cand_side: str, ref_side: str) -> Story | None:
+    """Some slots measured at one offset k (the reference records the stream they hold), the
+    others unexplained but each lying on that side of its expected stream, between recorded
+    streams that leave room for s + k: one layer offset for every slot, said with which
+    slots measure it and which are only consistent with it (never "UNKNOWN" for the list)."""
+    known = [(e, g) for e, g in zip(expected, got, strict=False) if e is not None and g is not None]
+    if len(slots) < 2 or not known or len(known) == len(slots) or any(e is None for e in expected):
+        return None
+    offs = {g - e for e, g in known}
+    k = offs.pop() if len(offs) == 1 else 0
+    if k == 0:
+        return None
+    side, top = ("later" if k > 0 else "earlier"), ev._num_layers()
+    said = []
+    for r, e, g, u in zip(slots, expected, got, unexplained, strict=False):
+        if g is not None:
+            continue
+        p = position(ev, r)
+        b = p.between if p is not None and u and p.strong and p.side == side else None
+        if b is None or e is None:
+            return None
+        hi = b[1] if b[1] is not None else (top + 1 if top is not None else e + k + 1)
+        if not b[0] < e + k < hi:
+            return None
+        said.append(f"slot {r.slot} {_short(p, top)}")  # type: ignore[arg-type]
+    measured = [r.slot for r, g in zip(slots, got, strict=False) if g is not None]
+    fmt = "[" + ", ".join("?" if x is None else str(x) for x in got) + "]"
+    sentence = (f"{cand_side} fed streams {fmt}; {ref_side} used {list(expected)} -- every slot is {abs(k)} layer"
+                f"{'s' if abs(k) != 1 else ''} {side} (a layer-id convention off by {k:+d}{family(k)}): "
+                f"measured on slot{'s' if len(measured) != 1 else ''} {measured}; {'; '.join(said)}, consistent with "
+                f"it (the reference records streams {recorded(ev, slots[0])}{_only(ev)})")
+    return Story("LAYER_OFFSET", sentence, {"offset": k, "expected": list(expected), "actual": list(got),
+                                           "measured_slots": measured, "measured": True})

@@ -97,6 +97,11 @@ class StagedDump(ForeignDump):
                                  f"{first.path.name} does: every rank of a set must")
         self.pp = self._one(dumps, {r: x.pp.size if x.pp else 1 for r, x in layouts.items()}, "pipeline size")
         self.dp = self._one(dumps, {r: x.dp.size if x.dp else 1 for r, x in layouts.items()}, "data-parallel size")
+        tps = {x.tp.size if x.tp else 1 for x in layouts.values()}
+        if len(tps) == 1 and self.pp * self.dp * min(tps) != world:  # the layout must fill the set its names say
+            raise InputError(first.path, f"the files declare {self.pp} pipeline stage(s) x dp {self.dp} x tp "
+                             f"{min(tps)} = {self.pp * self.dp * min(tps)} ranks, but their names say {world} "
+                             f"(rank{{r}}-of{world}): the files come from another layout than their names")
         cells = self._cells(dumps, layouts)
         self.ranges = {s: self._range(dumps, layouts, ranks) for s, ranks in cells.items()}
         self.nodes = sorted({x.node for x in layouts.values() if x.node})
