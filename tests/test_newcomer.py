@@ -61,6 +61,7 @@ def _run(*cmd: str | Path, cwd: Path, env: dict[str, str] | None = None, timeout
 def _wheel(tmp: Path) -> Path:
     with open(Path(tempfile.gettempdir()) / f"consistency-wheel-{os.getuid()}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # setuptools builds in the checkout's build/ (test_packaging too)
+        shutil.rmtree(ROOT / "build", ignore_errors=True)  # never cleaned by setuptools: stale modules ship
         r = _run(sys.executable, "-m", "pip", "wheel", ROOT, "--no-deps", "-q", "-w", tmp / "dist", cwd=tmp)
     assert r.returncode == 0, r.stderr[-3000:]
     whl = next((tmp / "dist").glob("*.whl"))

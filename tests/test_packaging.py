@@ -12,6 +12,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -41,6 +42,8 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, str
     # (worksteal splits a module) take turns, or one deletes the other's files mid-build
     with open(Path(tempfile.gettempdir()) / f"consistency-wheel-{os.getuid()}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
+        # setuptools never cleans build/lib: a module deleted from the source would still ship
+        shutil.rmtree(ROOT / "build", ignore_errors=True)
         build = _run(sys.executable, "-m", "pip", "wheel", str(ROOT), "--no-deps", "-w", tmp / "dist", cwd=tmp)
     assert build.returncode == 0, build.stderr[-3000:]
     whl = next((tmp / "dist").glob("specdec_consistency-*.whl"))  # the distribution name (pyproject)
@@ -68,6 +71,8 @@ def test_wheel_carries_runtime_data(installed: tuple[Path, Path, str]) -> None:
     src = {str(p.relative_to(ROOT)) for p in (ROOT / "consistency").rglob("*")
            if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"}
     assert src <= names, sorted(src - names)  # every module, config, asset and py.typed
+    shipped = {n for n in names if n.startswith("consistency/")}
+    assert shipped <= src, sorted(shipped - src)  # nothing the source no longer has (a stale build/)
     assert "consistency/replay/assets/tiny-llama-eagle3/model.safetensors" in names
     assert any(n.endswith("dist-info/licenses/LICENSE") for n in names)
     assert not any(n.startswith(("tests/", "fixtures/", "bench/")) for n in names)
