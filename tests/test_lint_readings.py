@@ -252,8 +252,12 @@ def test_compare_checks_layer_ids_and_convention_names(tmp_path: Path) -> None:
     record("tiny-llama", output=str(ref), prompt="hello world")
     record("tiny-llama", output=str(cand), prompt="hello world", style="serving", aux_layers="2,6,9",
            convention="sglang")
-    with pytest.raises(UsageError, match=r"ids \[70\] fall outside the valid streams \(0..12"):
+    with pytest.raises(UsageError, match=r"^--cand-layer-ids \[1, 4, 70\].*ids \[70\] fall outside the valid streams \(0..12"):
         run(str(ref), str(cand), cand_layer_ids="1,4,70")
+    with pytest.raises(UsageError, match=r"^--ref-layer-ids \[1, 4, 70\].*ids \[70\] fall outside"):
+        run(str(ref), str(cand), ref_layer_ids="1,4,70")  # the message names the flag the user gave
+    with pytest.raises(UsageError, match=r"^--layer-ids \[1, 4, 70\].*ids \[70\] fall outside"):
+        run(str(ref), str(cand), layer_ids="1,4,70")
     with pytest.raises(UsageError, match="2 id\\(s\\) for 3 aux slot"):
         run(str(ref), str(cand), cand_layer_ids="1,4")
     with pytest.raises(UsageError, match="unknown convention 'nosuch'"):

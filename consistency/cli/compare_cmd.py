@@ -19,7 +19,7 @@ from consistency.escape import json_log, term
 @click.option("--threshold", type=float, help="Token rel_diff floor for every tensor (overrides the dtype floor).")
 @click.option("--tolerance", multiple=True, metavar="REGEX=FLOOR", help="Per-name token rel_diff floor (repeatable).")
 @click.option("--layer-ids", help="Aux layer ids for an input that does not record them (speculators/SpecForge files).")
-@click.option("--ref-layer-ids", help="Aux layer ids of REFERENCE only (wins over what the file records).")
+@click.option("--ref-layer-ids", help="Aux layer ids declared for REFERENCE only (what the file records outranks them; a disagreement is a conflict).")
 @click.option("--cand-layer-ids", help="Aux layer ids of CANDIDATE only (wins over what the file records).")
 @click.option("--convention", help="What --layer-ids mean: stream, vllm, speculators, specforge, sglang@VER, ...")
 @click.option("--consumer", type=click.Choice(["eagle3", "mtp", "eagle1", "medusa", "dflash", "p-eagle"]),

@@ -146,10 +146,10 @@ def declare_ids(d: Any, common: list[int] | None, own: list[int] | None, convent
     meta = d.metadata
     recorded = meta.aux.stream_ids if meta is not None and meta.aux is not None else None
     n_layers = meta.model.num_layers if meta is not None and meta.model is not None else None
-    claims = resolve_claims(d.path, ids, convention, "stream", sorted_slots=False, num_layers=n_layers,
-                            slots=sum(x[:4] == "aux." and x[4:].isdigit() for x in d.tensors) or None)
-    streams = claims.streams or []
     flag = "--ref-layer-ids" if own is not None else "--layer-ids"
+    claims = resolve_claims(d.path, ids, convention, "stream", sorted_slots=False, num_layers=n_layers,
+                            slots=sum(x[:4] == "aux." and x[4:].isdigit() for x in d.tensors) or None, what=flag)
+    streams = claims.streams or []
     if recorded and own is None:
         if list(recorded) != list(streams):
             return Declared(), [f"{d.path.name} records streams {list(recorded)}; --layer-ids {ids} not applied to "
@@ -173,7 +173,8 @@ def apply_ids(d: Any, common: list[int] | None, own: list[int] | None, conventio
     recorded = meta.aux.stream_ids if meta is not None and meta.aux is not None else None
     n_layers = meta.model.num_layers if meta is not None and meta.model is not None else None
     claims = resolve_claims(d.path, ids, convention, "stream", sorted_slots=False, num_layers=n_layers,
-                            slots=sum(x[:4] == "aux." and x[4:].isdigit() for x in d.tensors) or None)
+                            slots=sum(x[:4] == "aux." and x[4:].isdigit() for x in d.tensors) or None,
+                            what=flag if own is not None else "--layer-ids")
     streams = claims.streams
     if recorded and own is None:
         if list(recorded) != list(streams or []):

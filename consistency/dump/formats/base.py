@@ -110,7 +110,8 @@ class Claims:
 
 
 def resolve_claims(path: Path, ids: Sequence[int] | None, convention: str | None, default: str,
-                   sorted_slots: bool, num_layers: int | None = None, slots: int | None = None) -> Claims:
+                   sorted_slots: bool, num_layers: int | None = None, slots: int | None = None,
+                   what: str = "--layer-ids") -> Claims:
     """Map ``ids`` (as the producing tool spells them) to stream indices, through the one
     shared resolver (contract/resolve.py): an unknown convention, an id outside 0..N or a
     count that differs from the file's ``slots`` is a usage error naming what is valid.
@@ -134,7 +135,7 @@ def resolve_claims(path: Path, ids: Sequence[int] | None, convention: str | None
                          f"not record; use a convention that does not (e.g. stream)")
     streams = streams_of(native, spec, num_layers or 0).streams or []
     notes = [res.assumed] if res.assumed else []
-    check_streams(native, streams, num_layers, slots, spec=spec)
+    check_streams(native, streams, num_layers, slots, what=what, spec=spec)
     if sorted_slots and streams != sorted(streams):
         notes.append(f"ids {native} reordered: the producer fills slots in layer order, so the slots hold "
                      f"streams {sorted(streams)}")
