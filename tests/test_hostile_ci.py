@@ -127,6 +127,9 @@ ATTACKS = [
            verdict="fail", writes=("reports/gate.json", "reports")),
     Attack("fail-on-warning-agrees", '[gate]\nfail_on = "error"\n' + LINT_WARN, inputs={"fail-on": "warning"},
            verdict="fail"),
+    Attack("annotations-input-not-a-boolean", LINT_FIXED, inputs={"annotations": "maybe"}, verdict="error",
+           summary=False),
+    Attack("fail-on-input-unknown", LINT_FIXED, inputs={"fail-on": "nothing"}, verdict="error", summary=False),
     Attack("fail-on-never-reports-only", LINT_SEED, inputs={"fail-on": "never"}, verdict="fail", code=0),
     # --- what GitHub shows is the runner's, not the config's
     Attack("config-turns-annotations-off", '[gate]\nannotations = false\n' + LINT_SEED, verdict="fail",
@@ -152,6 +155,21 @@ ATTACKS = [
     Attack("newline-in-an-output-path", '[gate]\njson = "a\\nverdict=pass.json"\n' + LINT_FIXED, verdict="error",
            summary=False),
     Attack("config-asks-for-force", '[gate]\nforce = true\n' + LINT_FIXED, verdict="error", summary=False),
+    # --- the workflow names an output path; the pull request commits a symlink (or a file) on it
+    Attack("json-input-through-a-committed-symlink-into-git", LINT_FIXED, links={"out": ".git"},
+           inputs={"json": "out/gate.json"}, verdict="error", summary=False),
+    Attack("junit-input-through-a-committed-symlink-outside", LINT_FIXED, links={"out": "../runner"},
+           inputs={"junit": "out/junit.xml"}, verdict="error", summary=False),
+    Attack("sarif-input-through-a-symlinked-parent-into-a-dot-dir", LINT_FIXED, links={"reports": ".venv/bin"},
+           inputs={"sarif": "reports/lint.sarif"}, verdict="error", summary=False),
+    Attack("dangling-symlink-at-the-json-input", LINT_FIXED, links={"out/gate.json": "../.git/gate.json"},
+           inputs={"json": "out/gate.json"}, verdict="error", summary=False),
+    Attack("json-input-under-a-committed-file", LINT_FIXED, files={"out": "a file, not a directory\n"},
+           inputs={"json": "out/gate.json"}, verdict="error", summary=False),
+    Attack("json-input-under-a-dangling-symlink", LINT_FIXED, links={"out": "nowhere"},
+           inputs={"json": "out/sub/gate.json"}, verdict="error", summary=False),
+    Attack("json-input-through-a-symlink-that-stays-in-the-tree", LINT_FIXED, files={"real/keep.txt": "x\n"},
+           links={"out": "real"}, inputs={"json": "out/gate.json"}, writes=("real/gate.json",)),
     # --- strings the log, the outputs, the summary and a shell must not obey
     Attack("workflow-commands-and-shell-in-check-names", _hostile_lints(), verdict="fail"),
     # --- inputs that used to hang, crash or run code
@@ -233,6 +251,7 @@ def _repo(root: Path, attack: Attack, dumps: dict[str, bytes]) -> Path:
     git = ["git", "-c", "user.name=pr", "-c", "user.email=pr@example.invalid", "-c", "init.defaultBranch=main"]
     subprocess.run([*git, "init", "-q", str(repo)], check=True)
     for rel, target in attack.links.items():
+        (repo / rel).parent.mkdir(parents=True, exist_ok=True)
         (repo / rel).symlink_to(target)
     subprocess.run([*git, "-C", str(repo), "add", "-A"], check=True)
     subprocess.run([*git, "-C", str(repo), "commit", "-qm", "the pull request"], check=True)
@@ -255,6 +274,14 @@ def _tree(repo: Path) -> dict[str, tuple]:
     return out
 
 
+def _outside(tmp: Path) -> dict[str, tuple]:
+    """What the job may not touch outside the checkout: all of ``tmp`` but the checkout, the
+    runner's two files and the Action's own fresh result directories."""
+    tree = _tree(tmp)
+    return {k: v for k, v in tree.items() if not k.startswith(("repo/", "runner/consistency-action-"))
+            and k not in ("repo", "runner/github_output", "runner/step_summary.md")}
+
+
 @dataclass
 class Job:
     install: subprocess.CompletedProcess
@@ -275,7 +302,7 @@ def _job(tmp: Path, attack: Attack, dumps: dict[str, bytes], lean: Path) -> tupl
     env = {k: v for k, v in os.environ.items() if not k.startswith(("GITHUB_", "CONSISTENCY_", "RUNNER_"))}
     env.update(GITHUB_ACTIONS="true", GITHUB_OUTPUT=str(gh_output), GITHUB_STEP_SUMMARY=str(step_summary),
                RUNNER_TEMP=str(runner), GITHUB_WORKSPACE=str(repo), HF_HUB_OFFLINE="1")
-    before = _tree(repo)
+    before, outside = _tree(repo), _outside(tmp)
     install = subprocess.run([sys.executable, str(SCRIPT), "install", "--dry-run", "--config", attack.config_path,
                               "--venv", str(venv), "--source", str(ROOT)], capture_output=True, text=True, env=env,
                              cwd=repo, timeout=300, stdin=subprocess.DEVNULL)
@@ -287,6 +314,7 @@ def _job(tmp: Path, attack: Attack, dumps: dict[str, bytes], lean: Path) -> tupl
     keys = [line.split("=", 1)[0] for line in lines]
     assert len(keys) == len(set(keys)), f"an output key written twice (injected?): {lines}"
     outputs = dict(line.split("=", 1) for line in lines)
+    assert _outside(tmp) == outside, "a file outside the checkout changed or appeared"
     return Job(install, gate, outputs, step_summary.read_text(), repo), before, _tree(repo)
 
 
@@ -359,3 +387,29 @@ def test_a_positive_control_sourcing_an_unescaped_summary_runs_the_payload(tmp_p
     subprocess.run(["bash", "-c", '. "$0"', str(raw)], cwd=tmp_path, capture_output=True, timeout=60)
     assert (tmp_path / MARK).exists()
 
+
+
+def test_a_config_reached_through_a_symlinked_directory_writes_nothing_into_a_dot_directory(tmp_path: Path) -> None:
+    """Outside GitHub Actions (no ``GITHUB_WORKSPACE``; a hook, another CI), run from outside
+    the checkout: the config's directory is a committed symlink into a dot-directory
+    (``ci -> .hooks``), so its ``summary = "pre-commit"`` resolves into ``.hooks/``. Refused,
+    nothing written; the same config through a plain directory (positive control) writes."""
+    from tests.conftest import run_cli
+
+    repo = tmp_path / "repo"
+    for d in (".hooks", "plain"):
+        (repo / d).mkdir(parents=True)
+        (repo / d / "consistency.toml").write_text('[gate]\nsummary = "pre-commit"\n' + LINT_FIXED.replace(
+            '"drafts/', '"../drafts/').replace('"kimi.json"', '"../kimi.json"'))
+    (repo / "drafts").mkdir()
+    (repo / "drafts" / "fixed.json").write_text(FIXED.read_text())
+    (repo / "kimi.json").write_text(TARGET.read_text())
+    (repo / "ci").symlink_to(".hooks")
+    before = _tree(repo)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GITHUB_", "CONSISTENCY_"))}
+    r = run_cli("gate", "--config", str(repo / "ci" / "consistency.toml"), env=env, cwd=tmp_path)
+    assert r.returncode == 2 and "resolves through a symlink into '.hooks'" in r.stderr, r.stdout + r.stderr
+    assert _tree(repo) == before
+    ok = run_cli("gate", "--config", str(repo / "plain" / "consistency.toml"), env=env, cwd=tmp_path)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert (repo / "plain" / "pre-commit").read_text().startswith("## consistency gate: ")

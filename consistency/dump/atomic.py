@@ -40,6 +40,7 @@ def check_writable(path: str | Path, force: bool) -> Path:
     refused even with ``--force``: writing to one would block or reach hardware.
     """
     p = Path(path)
+    _within_checkout(p)
     if p.exists() or p.is_symlink():
         if p.is_dir():
             raise InputError(p, "is a directory, expected a file path to write")
@@ -51,6 +52,58 @@ def check_writable(path: str | Path, force: bool) -> Path:
     if not parent.is_dir():
         raise InputError(p, f"directory {parent} does not exist")
     return p
+
+
+def workspace() -> Path | None:
+    """The checkout a CI job runs in (``$GITHUB_WORKSPACE``), or None outside CI."""
+    w = os.environ.get("GITHUB_WORKSPACE")
+    if not w:
+        return None
+    try:
+        return Path(os.path.abspath(w))
+    except (OSError, ValueError):
+        return None
+
+
+def _within_checkout(p: Path) -> None:
+    """An output path inside the CI checkout lands where it reads.
+
+    Every file and symlink of the checkout is the pull request's: a committed symlink
+    (``out -> .git``, ``out -> /home/runner``, a dangling ``report.json -> ../.git/x``) must
+    not carry an output the workflow named (``--json out/gate.json``) into ``.git/``, a
+    dot-directory or out of the checkout. Paths outside the checkout (``$RUNNER_TEMP``) and
+    paths without a symlink in them are the caller's choice, as ever.
+    """
+    ws = workspace()
+    if ws is None:
+        return
+    try:
+        lexical, root = Path(os.path.abspath(p)), ws.resolve()
+        anchor = next((a for a in (ws, root) if a == lexical or a in lexical.parents), None)
+        if anchor is None:
+            return
+        real = lexical.resolve()
+    except (OSError, ValueError, RuntimeError) as exc:  # a symlink loop
+        raise InputError(p, f"cannot resolve the output path ({exc}); refused") from None
+    said = lexical.relative_to(anchor).parts
+    if real == root / Path(*said):
+        return
+    if real != root and root not in real.parents:
+        raise InputError(p, f"resolves through a symlink in the checkout to {real}, outside it ({root}); refused "
+                            "as an output (a symlink the repository commits never moves an output)")
+    hidden = hidden_by_symlink(lexical, real)
+    if hidden:
+        raise InputError(p, f"resolves through a symlink in the checkout into {hidden!r} ({real}); refused as an "
+                            "output (a symlink the repository commits never moves an output into .git/ or a "
+                            "dot-directory)")
+
+
+def hidden_by_symlink(lexical: Path, real: Path) -> str | None:
+    """The dot-directory (or dotfile) that resolving symlinks brought into a path, or None:
+    ``sub/hooks/x`` with ``sub -> .git`` gives ``.git``; a dot-part the path spelled is the
+    caller's own choice."""
+    said = set(lexical.parts)
+    return next((part for part in real.parts if part.startswith(".") and part not in said), None)
 
 
 # (first bytes, a pattern over the first 8 KiB, a pattern over the last 512 bytes or None).
