@@ -477,3 +477,49 @@ def test_the_async_recorders_device_path_refuses_alone_and_keeps_the_rest(tmp_pa
     with open_dump(p1) as d:
         assert d.metadata.tensors["sh"].shard is not None
     assert_readable_by_compare(p2, {"big": big.cpu().numpy(), "big#2": (big * 2).cpu().numpy()}, tmp_path)
+
+
+# -- hostile knob values ----------------------------------------------------------------------
+KNOBS = """
+import numpy as np
+from consistency.record import graphs, patch
+for _ in range(2):  # two forwards of 3 tokens, as a patched model file calls them
+    patch.capture_input_ids(np.arange(3))
+    patch.capture_aux(0, np.full((3, 4), 1.5, np.float32))
+    patch.capture_aux(1, np.full((3, 4), 2.5, np.float32))
+print(graphs.budget().limit)
+"""
+
+
+@pytest.mark.parametrize("knobs", [
+    {"CONSISTENCY_RECORD_TOKENS": "abc"}, {"CONSISTENCY_RECORD_TOKENS": "3.0"}, {"CONSISTENCY_RECORD_TOKENS": "-3"},
+    {"CONSISTENCY_RECORD_GRAPH_BYTES": "lots"}, {"CONSISTENCY_DRAFT_STEPS": "x\n::error::y"},
+], ids=lambda k: "-".join(f"{n.removeprefix('CONSISTENCY_')}={v!r}" for n, v in k.items()))
+def test_a_knob_set_to_nonsense_never_raises_into_the_forward_and_loses_nothing(knobs: dict[str, str],
+                                                                               tmp_path: Path) -> None:
+    """A value that is not a count (the host's environment, a typo) is ignored, said once on
+    stderr (escaped), and the recording is whole: the forward pass never sees an exception."""
+    from consistency.record.graph_plan import DEFAULT_BYTES
+
+    out = tmp_path / "k.safetensors"
+    r = subprocess.run([sys.executable, "-c", KNOBS], capture_output=True, text=True, env=_env(out, **knobs),
+                       cwd=ROOT, timeout=300)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    assert int(r.stdout.split()[-1]) == DEFAULT_BYTES
+    name = next(iter(knobs))
+    lines = r.stderr.splitlines()
+    if name != "CONSISTENCY_DRAFT_STEPS":  # read only by MTP draft passes, which this host has none of
+        assert len(lines) == 1 and name in lines[0] and ("ignored" in lines[0] or "default" in lines[0]), r.stderr
+    assert not any(line.lstrip().startswith("::") for line in lines), r.stderr
+    assert_readable_by_compare(out, {"input_ids": np.arange(3), "aux.0": np.full((3, 4), 1.5, np.float32),
+                                     "aux.1": np.full((3, 4), 2.5, np.float32)}, tmp_path)
+
+
+def test_a_token_count_knob_that_is_a_count_still_filters(tmp_path: Path) -> None:
+    """Positive control: 3 records the 3-token forward (once), 4 records nothing."""
+    for want, recorded in (("3", True), ("4", False)):
+        out = tmp_path / f"t{want}.safetensors"
+        r = subprocess.run([sys.executable, "-c", KNOBS], capture_output=True, text=True,
+                           env=_env(out, CONSISTENCY_RECORD_TOKENS=want), cwd=ROOT, timeout=300)
+        assert r.returncode == 0 and r.stderr == "", r.stderr
+        assert out.exists() == recorded

@@ -19,6 +19,25 @@ ENV_PATH = "CONSISTENCY_RECORD"
 ENV_FORCE = "CONSISTENCY_FORCE"  # "1": the environment recorder may overwrite an existing file
 
 
+_told: set[str] = set()
+
+
+def env_count(name: str) -> int | None:
+    """A whole-number knob from the environment (``CONSISTENCY_RECORD_TOKENS=128``), or None.
+
+    The recorder runs inside the host's forward pass: a value that is not a count
+    (``abc``, ``3.0``, ``-1``) never raises there; it is ignored, said once on stderr."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return None
+    if raw.isascii() and raw.isdigit():
+        return int(raw)
+    if name not in _told:
+        _told.add(name)
+        say(f"{name}={raw[:80]!r} is not a whole number; ignored")
+    return None
+
+
 def say(msg: str) -> None:
     """One line on stderr (the server's log): where the recording goes and why."""
     from consistency.escape import term
