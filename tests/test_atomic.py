@@ -297,3 +297,21 @@ def test_a_fifo_or_device_is_refused_even_with_force(tmp_path):
         for force in (False, True):
             with pytest.raises(InputError, match="not a regular file"):
                 check_writable(target, force)
+
+
+@pytest.mark.parametrize("stem", ["n" * 250, "é" * 124 + "x"], ids=["250-ascii", "249-bytes-utf8"])
+def test_an_output_name_near_the_255_byte_limit_is_written(tmp_path: Path, stem: str) -> None:
+    """The temporary file beside the output (``.<name>.tmp-<host>-<pid>-<random>``) used the
+    whole name and failed with ENAMETOOLONG for a valid name over ~200 bytes: every
+    command's output, and the recorder's fallback names."""
+    for ext in (".json", ".safetensors"):
+        out = tmp_path / (stem[: len(stem) - len(ext)] + ext)
+        assert len(os.fsencode(out.name)) <= 255
+        if ext == ".json":
+            write_text_atomic(out, '{"tool": "consistency"}\n')
+            assert json.loads(out.read_text()) == {"tool": "consistency"}
+        else:
+            write_dump(out, {"a": np.ones(3, np.float32)})
+            with open_dump(out) as d:
+                assert d.names == ["a"]
+    assert sorted(p.name.startswith(".") for p in tmp_path.iterdir()) == [False, False]  # no temp file left

@@ -47,7 +47,7 @@ def assert_readable_by_compare(path: Path, expected: dict[str, np.ndarray | tupl
             arr.astype(arr.dtype.newbyteorder("<")) if arr.dtype.byteorder == ">" else arr).tobytes(), name
         if dt:
             assert got[name][1] == dt, (name, got[name][1], dt)
-    ref = tmp / f"ref-{path.stem}.safetensors"
+    ref = tmp / f"ref-{path.stem[:80]}.safetensors"
     write_dump(ref, expected, force=True)  # type: ignore[arg-type]
     rep = run(str(ref), str(path))
     assert rep.verdict == "pass", rep.summary
@@ -523,3 +523,21 @@ def test_a_token_count_knob_that_is_a_count_still_filters(tmp_path: Path) -> Non
                            env=_env(out, CONSISTENCY_RECORD_TOKENS=want), cwd=ROOT, timeout=300)
         assert r.returncode == 0 and r.stderr == "", r.stderr
         assert out.exists() == recorded
+
+
+@pytest.mark.parametrize("name", ["a" * 300 + ".safetensors", "é" * 200 + ".npz", "b" * 254])
+def test_a_recording_path_whose_name_is_too_long_for_the_filesystem_is_written_under_a_shorter_one(
+        name: str, tmp_path: Path) -> None:
+    """``CONSISTENCY_RECORD`` naming a file over 255 bytes raised OSError (ENAMETOOLONG) into
+    the host at the first capture, and at exit every fallback name was too long as well:
+    the recording was lost. Now: one line names the shorter file it goes to, and it is whole."""
+    out = tmp_path / "rec" / name
+    (tmp_path / "rec").mkdir()
+    script = "import numpy as np\nfrom consistency.record import capture\ncapture('aux.0', np.full((2, 3), 4.0, np.float32))\n"
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=_env(out), cwd=ROOT,
+                       timeout=300)
+    assert r.returncode == 0 and "Traceback" not in r.stderr and "could not write" not in r.stderr, r.stderr
+    written = list((tmp_path / "rec").iterdir())
+    assert len(written) == 1 and len(os.fsencode(written[0].name)) <= 255, written
+    assert written[0].name in r.stderr or str(written[0]) in r.stderr
+    assert_readable_by_compare(written[0], {"aux.0": np.full((2, 3), 4.0, np.float32)}, tmp_path)

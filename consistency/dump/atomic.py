@@ -146,6 +146,16 @@ def is_report(path: str | Path) -> bool:
                for magic, pat, end in _REPORT_HEADS)
 
 
+def _tmp_prefix(p: Path) -> str:
+    """``.<name>.tmp-``, the name shortened so that the temporary file's whole name (host,
+    pid and random tail added) stays under 255 bytes: a valid output name close to the
+    limit must not fail with ENAMETOOLONG on its temporary file."""
+    b = os.fsencode(p.name)
+    if len(b) > 160:
+        b = b[:160]
+    return f".{os.fsdecode(b)}.tmp-"
+
+
 def _tag() -> str:
     host = "".join(c for c in socket.gethostname() if c.isalnum())[:32] or "host"
     return f"{host}-{os.getpid()}-"
@@ -157,7 +167,7 @@ def atomic_write(path: str | Path, force: bool = False) -> Iterator[BinaryIO]:
     p = check_writable(path, force)
     _sweep_leftovers(p)
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.tmp-{_tag()}", dir=p.parent)
+        fd, tmp = tempfile.mkstemp(prefix=_tmp_prefix(p) + _tag(), dir=p.parent)
     except OSError as exc:
         raise _write_error(p, exc) from exc
     ok = False
@@ -209,7 +219,7 @@ def _write_error(p: Path, exc: OSError) -> InputError:
 
 def _sweep_leftovers(p: Path) -> None:
     """Remove temp files of ``p`` left by a killed writer on this host (its pid is gone)."""
-    prefix = f".{p.name}.tmp-"
+    prefix = _tmp_prefix(p)
     host = _tag().split("-")[0]
     try:
         names = [n for n in os.listdir(p.parent) if n.startswith(prefix)]
