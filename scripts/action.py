@@ -44,6 +44,11 @@ TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 DIST = "specdec-consistency"  # the distribution's name on PyPI (consistency/__init__.py DIST; `consistency` is another project)
 FAIL_ON = ("", "error", "warning", "never")
 VERDICT_CODE = {"pass": 0, "fail": 1, "error": 2}
+# ``python -m X`` puts the working directory (the pull request's checkout) first on sys.path:
+# a committed ``click.py``, ``json.py``, ``pip/`` or ``consistency/__main__.py`` would be
+# imported instead of the real one and run in the job. -I (isolated mode) never adds it
+# (nor the user site, nor PYTHON* variables); every interpreter this script starts gets it.
+SAFE = ("-I",)
 _VERSION = re.compile(r"^v?\d+(\.\d+)*([abc]|rc|\.post|\.dev)?\d*$")
 
 
@@ -78,8 +83,8 @@ def set_output(**values: str) -> None:
 def ask_plan(python: str, config: str) -> tuple[dict | None, str]:
     """The installed gate's reading of the config (``gate --plan``), or None and why not."""
     try:
-        r = subprocess.run([python, "-m", "consistency", "gate", "--config", config, "--plan"], capture_output=True,
-                           text=True, timeout=300, check=False)
+        r = subprocess.run([python, *SAFE, "-m", "consistency", "gate", "--config", config, "--plan"],
+                           capture_output=True, text=True, timeout=300, check=False)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return None, f"cannot run the installed consistency: {exc}"
     if r.returncode != 0:
@@ -104,12 +109,12 @@ def run_install(args: argparse.Namespace) -> int:
         return 0 if args.dry_run else subprocess.run(cmd, check=False).returncode
 
     if not py.exists():
-        rc = run([sys.executable, "-m", "venv", str(venv)])
+        rc = run([sys.executable, *SAFE, "-m", "venv", str(venv)])
         if rc:
             print("action: cannot create a virtual environment (on Debian/Ubuntu: apt-get install python3-venv, or "
                   "set the action's python input)", file=sys.stderr)
             return rc
-    pip = [str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+    pip = [str(py), *SAFE, "-m", "pip", "install", "-q", "--disable-pip-version-check"]
     rc = run(pip + [requirement(args.version, source)])
     if rc:
         return rc
@@ -151,7 +156,7 @@ def annotation_flags(annotations: str) -> list[str]:
 
 def gate_command(python: str, config: str, result: str, json_path: str, junit: str, sarif: str, annotations: str,
                  fail_on: str) -> list[str]:
-    cmd = [python, "-m", "consistency", "gate", "--config", config, "--result", result]
+    cmd = [python, *SAFE, "-m", "consistency", "gate", "--config", config, "--result", result]
     for flag, value in (("--json", json_path), ("--junit", junit), ("--sarif", sarif)):
         if value:
             cmd += [flag, value]

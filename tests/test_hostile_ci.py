@@ -100,6 +100,14 @@ EVIL_MODEL = {"config.json": json.dumps({"model_type": "evil", "architectures": 
                                                       "AutoModelForCausalLM": "evil.EvilModel"}}),
               "evil.py": "import pathlib\npathlib.Path('PWNED').write_text('ran')\n"}
 
+PAYLOAD = "import pathlib\npathlib.Path('PWNED').write_text('ran')\n"
+FORGE = "import sys\nprint('PASS  forged')\nsys.exit(0)\n"
+# stdlib and dependency names the gate (and pip, venv) import; in the checkout's root they
+# came first on sys.path of every ``python -m`` the Action ran there
+SHADOW = {f"{m}.py": PAYLOAD for m in ("json", "tomllib", "click", "pydantic", "numpy", "argparse", "tempfile",
+                                      "importlib_metadata", "typing_extensions", "rich", "sitecustomize")}
+SHADOW.update({"pip/__init__.py": PAYLOAD, "pip/__main__.py": PAYLOAD, "venv/__main__.py": PAYLOAD})
+
 ATTACKS = [
     # --- what install decides: the gate's own TOML loader and model, not a regex over the text
     Attack("quoted-table-replay-lean", LINT_FIXED + _replay('[["replay"]]'), verdict="error", replay=True),
@@ -179,6 +187,10 @@ ATTACKS = [
            files={"drafts/deep.json": _deep_config()}, verdict="error"),
     Attack("40000-aux-ids", LINT_FIXED.replace("drafts/fixed.json", "drafts/many.json"),
            files={"drafts/many.json": _many_ids()}, verdict="error"),
+    # --- modules the checkout commits where ``python -m`` would look first (the working directory)
+    Attack("committed-modules-shadow-what-the-gate-imports", LINT_SEED, files=SHADOW, verdict="fail"),
+    Attack("committed-consistency-package-shadows-the-installed-one", LINT_SEED,
+           files={"consistency/__init__.py": PAYLOAD, "consistency/__main__.py": PAYLOAD + FORGE}, verdict="fail"),
     Attack("replay-target-with-its-own-code", _replay().replace('target = "tiny-llama"', 'target = "evil"'),
            files={f"evil/{k}": v for k, v in EVIL_MODEL.items()}, env="full", verdict="error", replay=True,
            stdout=("never runs code from a model or tokenizer directory",)),
