@@ -101,7 +101,10 @@ EVIL_MODEL = {"config.json": json.dumps({"model_type": "evil", "architectures": 
               "evil.py": "import pathlib\npathlib.Path('PWNED').write_text('ran')\n"}
 
 PAYLOAD = "import pathlib\npathlib.Path('PWNED').write_text('ran')\n"
-FORGE = "import sys\nprint('PASS  forged')\nsys.exit(0)\n"
+FORGE = ("import json, sys\nif '--result' in sys.argv:\n    r = sys.argv[sys.argv.index('--result') + 1]\n"
+         "    open(r, 'w').write(json.dumps({'tool': 'consistency', 'kind': 'gate', 'verdict': 'pass'}))\n"
+         "if '--plan' in sys.argv:\n    print(json.dumps({'kind': 'gate-plan', 'needs': []}))\n"
+         "print('PASS  forged')\nsys.exit(0)\n")  # a gate of the PR's: writes a pass where the Action reads it
 # stdlib and dependency names the gate (and pip, venv) import; in the checkout's root they
 # came first on sys.path of every ``python -m`` the Action ran there
 SHADOW = {f"{m}.py": PAYLOAD for m in ("json", "tomllib", "click", "pydantic", "numpy", "argparse", "tempfile",
