@@ -541,3 +541,40 @@ def test_a_recording_path_whose_name_is_too_long_for_the_filesystem_is_written_u
     assert len(written) == 1 and len(os.fsencode(written[0].name)) <= 255, written
     assert written[0].name in r.stderr or str(written[0]) in r.stderr
     assert_readable_by_compare(written[0], {"aux.0": np.full((2, 3), 4.0, np.float32)}, tmp_path)
+
+
+# -- the host's stderr ----------------------------------------------------------------------
+NO_STDERR = """
+import sys, numpy as np
+class Raising:
+    def write(self, s): raise RuntimeError("the host's log sink is down")
+    def flush(self): raise RuntimeError("the host's log sink is down")
+sys.stderr = None if sys.argv[1] == "none" else Raising()
+from consistency.record import capture
+capture("aux.0", np.full((2, 3), 1.0, np.float32))
+capture("bad", np.ones(3, np.complex64))  # refused: a warning line
+capture("bad\\nname", np.ones(3, np.float32))  # refused: a warning line
+capture("aux.1", np.full((2, 3), 2.0, np.float32))
+if sys.argv[1] == "raises":
+    sys.stderr = sys.__stderr__  # else the interpreter's own flush at exit fails (exit 120), not ours
+print("host ran on")
+"""
+
+
+@pytest.mark.parametrize("sink", ["none", "raises"])
+def test_a_host_without_a_working_stderr_gets_no_exception_and_keeps_the_recording(sink: str,
+                                                                                   tmp_path: Path) -> None:
+    """A daemon started with fd 2 closed has ``sys.stderr = None`` (and a host may install a
+    log sink that raises): the recorder's first warning raised AttributeError into the host
+    and the recording was lost. Its warnings go nowhere then; the host runs on, the
+    recording is written beside the existing file it must not overwrite."""
+    out = tmp_path / "r.safetensors"
+    out.write_bytes(b"someone else's file")
+    r = subprocess.run([sys.executable, "-c", NO_STDERR, sink], capture_output=True, text=True, env=_env(out),
+                       cwd=ROOT, timeout=300)
+    assert r.returncode == 0 and r.stdout.strip() == "host ran on", r.stdout + r.stderr
+    assert out.read_bytes() == b"someone else's file"
+    written = [p for p in tmp_path.iterdir() if p != out]
+    assert len(written) == 1, written
+    assert_readable_by_compare(written[0], {"aux.0": np.full((2, 3), 1.0, np.float32),
+                                            "aux.1": np.full((2, 3), 2.0, np.float32)}, tmp_path)

@@ -42,10 +42,20 @@ def say(msg: str) -> None:
     """One line on stderr (the server's log): where the recording goes and why."""
     from consistency.escape import term
 
+    emit(f"consistency: {ENV_PATH}: {term(msg)}")
+
+
+def emit(line: str) -> None:
+    """One line to the host's stderr, never an exception into the host: stderr may be closed
+    at exit, ``None`` (a daemon started with fd 2 closed, ``pythonw``), a broken pipe, or an
+    object of the host's that raises."""
     try:
-        sys.stderr.write(f"consistency: {ENV_PATH}: {term(msg)}\n")
-        sys.stderr.flush()
-    except (OSError, ValueError):  # stderr closed at exit: nothing more we can do
+        err = sys.stderr
+        if err is None:
+            return
+        err.write(line + "\n")
+        err.flush()
+    except Exception:  # noqa: BLE001 - nothing more we can do, and never into the host
         pass
 
 
