@@ -428,3 +428,45 @@ def test_a_config_reached_through_a_symlinked_directory_writes_nothing_into_a_do
     ok = run_cli("gate", "--config", str(repo / "plain" / "consistency.toml"), env=env, cwd=tmp_path)
     assert ok.returncode == 0, ok.stdout + ok.stderr
     assert (repo / "plain" / "pre-commit").read_text().startswith("## consistency gate: ")
+
+
+def test_the_pre_commit_hooks_never_take_file_names_as_options(tmp_path: Path) -> None:
+    """pre-commit appends the staged file names matching ``files`` to the entry unless
+    ``pass_filenames: false``; a committed file named ``--config=evil.toml`` or
+    ``--junit=x.json`` matches and would be parsed as an option (the control below shows it
+    would). Every hook takes no file names, and its entry, run by its console script as
+    pre-commit runs it in a checkout holding those names and a shadowing ``click.py``, runs
+    the declared lint and writes nothing."""
+    import re
+    import shlex
+
+    import yaml
+
+    repo = tmp_path / "repo"
+    (repo / "drafts").mkdir(parents=True)
+    (repo / "drafts" / "seed.json").write_text(SEED.read_text())
+    (repo / "kimi.json").write_text(TARGET.read_text())
+    (repo / "consistency.toml").write_text(LINT_SEED)
+    (repo / "evil.toml").write_text(LINT_FIXED.replace("drafts/fixed.json", "drafts/seed.json")
+                                    .replace("0.5.23", "0.5.12").replace("stream:0,3,31", "stream:3,31,59"))
+    names = ["--config=evil.toml", "--junit=x.json", "-q.json", "--force.yaml"]
+    for n in names:
+        (repo / n).write_text("{}\n")
+    (repo / "click.py").write_text(PAYLOAD)
+    hooks = yaml.safe_load((ROOT / ".pre-commit-hooks.yaml").read_text())
+    script = Path(sys.prefix) / "bin" / "consistency"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GITHUB_", "CONSISTENCY_"))}
+    before = _tree(repo)
+    for hook in hooks:
+        assert hook["pass_filenames"] is False, hook["id"]
+        assert any(re.search(hook["files"], n) for n in names), hook["id"]  # pre-commit would have passed them
+    gate = next(h for h in hooks if h["id"] == "consistency-lint")
+    r = subprocess.run([str(script), *shlex.split(gate["entry"])[1:]], cwd=repo, env=env, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 1 and "FAIL  lint/seed" in r.stdout, r.stdout + r.stderr  # the declared config ran
+    assert _tree(repo) == before
+    _no_marker(tmp_path)
+    # control: had the names been passed, the PR's config would have replaced the declared one
+    c = subprocess.run([str(script), *shlex.split(gate["entry"])[1:], *names[:2]], cwd=repo, env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert "lint/seed" not in c.stdout and (repo / "x.json").exists(), c.stdout + c.stderr
