@@ -21,11 +21,11 @@ import re
 import socket
 import stat
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-from consistency.errors import InputError, OutputExistsError
+from consistency.errors import InputError, OutputExistsError, UsageError
 
 _NO_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
@@ -52,6 +52,46 @@ def check_writable(path: str | Path, force: bool) -> Path:
     if not parent.is_dir():
         raise InputError(p, f"directory {parent} does not exist")
     return p
+
+
+def _identities(p: str | Path) -> set[object]:
+    """What makes two paths the same file: the resolved path, and the inode when it exists
+    (a hard link or a symlink to the same file)."""
+    out: set[object] = set()
+    try:
+        out.add(os.path.realpath(os.path.abspath(p)))
+        st = os.stat(p)
+        if stat.S_ISREG(st.st_mode):
+            out.add((st.st_dev, st.st_ino))
+    except (OSError, ValueError):
+        pass
+    return out
+
+
+def check_outputs(outputs: Iterable[str | Path | None], inputs: Iterable[str | Path | None] = (),
+                  force: bool = False) -> None:
+    """:func:`check_writable` for every output file of a command, and two rules more that
+    ``--force`` does not lift: no two outputs are the same file (``--json r.json --html
+    r.json`` kept only the HTML), and no output is one of the command's inputs
+    (``compare ref.safetensors cand.safetensors --json ref.safetensors --force`` replaced
+    the reference dump with its own report)."""
+    taken: dict[object, str] = {}
+    for i in inputs:
+        if i is not None and str(i) not in ("", "-"):
+            for ident in _identities(i):
+                taken.setdefault(ident, f"input {i}")
+    for o in outputs:
+        if o is None or str(o) in ("", "-"):
+            continue
+        check_writable(o, force)
+        ids = _identities(o)
+        clash = next((taken[x] for x in ids if x in taken), None)
+        if clash is not None:
+            what = f"is the {clash}" if clash.startswith("input") else "is named twice as an output"
+            raise UsageError(f"{o}: {what} of this command; an output never replaces an input or another output, "
+                             "even with --force")
+        for x in ids:
+            taken[x] = f"output {o}"
 
 
 def workspace() -> Path | None:
