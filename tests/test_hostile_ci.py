@@ -470,3 +470,26 @@ def test_the_pre_commit_hooks_never_take_file_names_as_options(tmp_path: Path) -
     c = subprocess.run([str(script), *shlex.split(gate["entry"])[1:], *names[:2]], cwd=repo, env=env,
                        capture_output=True, text=True, timeout=300)
     assert "lint/seed" not in c.stdout and (repo / "x.json").exists(), c.stdout + c.stderr
+
+
+GLOBBED = ["x\n::error::forged-by-a-file-name.safetensors", "##[set-output name=verdict;]pass.safetensors",
+           "y\r##[add-mask]z.safetensors"]
+
+
+@pytest.mark.parametrize("argv", [
+    ["compare", "a.safetensors", "b.safetensors", *GLOBBED],  # `compare dumps/*` over the PR's files
+    ["compare", "--rtol", GLOBBED[1], "a.safetensors", "b.safetensors"],
+    [GLOBBED[0]],  # as the command name
+    ["gate", "--kind", GLOBBED[1]],
+], ids=["extra-arguments", "option-value", "command-name", "choice-value"])
+def test_click_usage_errors_echo_no_workflow_command(argv: list[str], tmp_path: Path) -> None:
+    """A workflow that globs the checkout (``consistency compare dumps/*``) passes the PR's
+    file names as arguments; click's own usage errors echoed them raw, so a name with a
+    newline and ``::error::``, or ``##[`` anywhere, became a workflow command in the log."""
+    from tests.conftest import cli
+
+    r = cli(*argv, cwd=tmp_path)
+    assert r.returncode == 2 and "Error:" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    for line in (r.stdout + r.stderr).splitlines():
+        assert not line.lstrip().startswith("::") and "##[" not in line, line
+    assert any(c in r.stderr for c in ("\\x3a", "\\x23")), r.stderr  # shown, escaped (the control: it was there)
