@@ -100,6 +100,7 @@ EVIL_MODEL = {"config.json": json.dumps({"model_type": "evil", "architectures": 
                                                       "AutoModelForCausalLM": "evil.EvilModel"}}),
               "evil.py": "import pathlib\npathlib.Path('PWNED').write_text('ran')\n"}
 
+SECRET = "TOKEN=s3cr3t-v4lue-of-the-runner"
 PAYLOAD = "import pathlib\npathlib.Path('PWNED').write_text('ran')\n"
 FORGE = ("import json, sys\nif '--result' in sys.argv:\n    r = sys.argv[sys.argv.index('--result') + 1]\n"
          "    open(r, 'w').write(json.dumps({'tool': 'consistency', 'kind': 'gate', 'verdict': 'pass'}))\n"
@@ -194,6 +195,11 @@ ATTACKS = [
     Attack("committed-modules-shadow-what-the-gate-imports", LINT_SEED, files=SHADOW, verdict="fail"),
     Attack("committed-consistency-package-shadows-the-installed-one", LINT_SEED,
            files={"consistency/__init__.py": PAYLOAD, "consistency/__main__.py": PAYLOAD + FORGE}, verdict="fail"),
+    # --- files outside the checkout a committed symlink points at: named, never echoed
+    Attack("symlinked-dumps-into-a-secret-file", '[[compare]]\nname = "leak"\nreference = "dumps/leak.safetensors"\n'
+           'candidate = "dumps/train.safetensors"\n[[compare]]\nname = "leak2"\nreference = "dumps/leak.npz"\n'
+           'candidate = "dumps/train.safetensors"\n',
+           links={"dumps/leak.safetensors": "../../secret.env", "dumps/leak.npz": "../../secret.env"}, verdict="error"),
     Attack("replay-target-with-its-own-code", _replay().replace('target = "tiny-llama"', 'target = "evil"'),
            files={f"evil/{k}": v for k, v in EVIL_MODEL.items()}, env="full", verdict="error", replay=True,
            stdout=("never runs code from a model or tokenizer directory",)),
@@ -317,6 +323,7 @@ def _job(tmp: Path, attack: Attack, dumps: dict[str, bytes], lean: Path) -> tupl
     env = {k: v for k, v in os.environ.items() if not k.startswith(("GITHUB_", "CONSISTENCY_", "RUNNER_"))}
     env.update(GITHUB_ACTIONS="true", GITHUB_OUTPUT=str(gh_output), GITHUB_STEP_SUMMARY=str(step_summary),
                RUNNER_TEMP=str(runner), GITHUB_WORKSPACE=str(repo), HF_HUB_OFFLINE="1")
+    (tmp / "secret.env").write_text(f"{SECRET}\nMORE=1\n")  # outside the checkout: never in any output
     before, outside = _tree(repo), _outside(tmp)
     install = subprocess.run([sys.executable, str(SCRIPT), "install", "--dry-run", "--config", attack.config_path,
                               "--venv", str(venv), "--source", str(ROOT)], capture_output=True, text=True, env=env,
@@ -380,6 +387,9 @@ def test_the_action_under_attack(attack: Attack, tmp_path: Path, dumps: dict[str
         subprocess.run(["bash", "-c", '. "$0"', str(script)], cwd=job.repo, capture_output=True, timeout=60)
     _no_marker(tmp_path)
     assert not (ROOT / MARK).exists()
+    reports = [p.read_text(errors="replace") for w in attack.writes if (p := job.repo / w).is_file()]
+    for text in (log, job.summary, "\n".join(f"{k}={v}" for k, v in job.outputs.items()), *reports):
+        assert SECRET[:6] not in text and "s3cr3t" not in text, "a file outside the checkout was echoed"
 
 
 def test_the_attack_corpus_covers_every_item_of_the_threat_model() -> None:

@@ -97,7 +97,7 @@ def _describe(head: bytes) -> str:
             return f"{kind} data"
     text = head.decode("utf-8", "replace")
     if all(c.isprintable() or c in "\t\r\n" for c in text):
-        return f"text {text[:16]!r}"
+        return "text" + (" (JSON)" if text.lstrip().startswith(("{", "[")) else "")  # never echoed: it may be a secret
     return "bytes " + head[:8].hex(" ")
 
 
