@@ -503,3 +503,14 @@ def test_click_usage_errors_echo_no_workflow_command(argv: list[str], tmp_path: 
     for line in (r.stdout + r.stderr).splitlines():
         assert not line.lstrip().startswith("::") and "##[" not in line, line
     assert any(c in r.stderr for c in ("\\x3a", "\\x23")), r.stderr  # shown, escaped (the control: it was there)
+
+
+def test_a_positive_control_python_m_imports_a_shadowing_module_from_the_checkout(tmp_path: Path) -> None:
+    """The shadowing attacks can fail: plain ``python -m consistency`` in a directory holding a
+    ``click.py`` runs it (the marker appears); ``python -I -m`` (what the Action runs) does not."""
+    (tmp_path / "click.py").write_text(PAYLOAD)
+    subprocess.run([sys.executable, "-I", "-m", "consistency", "--version"], cwd=tmp_path, capture_output=True,
+                   timeout=120)
+    assert not (tmp_path / MARK).exists()
+    subprocess.run([sys.executable, "-m", "consistency", "--version"], cwd=tmp_path, capture_output=True, timeout=120)
+    assert (tmp_path / MARK).exists()
