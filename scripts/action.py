@@ -44,6 +44,11 @@ TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 DIST = "specdec-consistency"  # the distribution's name on PyPI (consistency/__init__.py DIST; `consistency` is another project)
 FAIL_ON = ("", "error", "warning", "never")
 VERDICT_CODE = {"pass": 0, "fail": 1, "error": 2}
+# ``python -m X`` puts the working directory (the pull request's checkout) first on sys.path:
+# a committed ``click.py``, ``json.py``, ``pip/`` or ``consistency/__main__.py`` would be
+# imported instead of the real one and run in the job. -I (isolated mode) never adds it
+# (nor the user site, nor PYTHON* variables); every interpreter this script starts gets it.
+SAFE = ("-I",)
 _VERSION = re.compile(r"^v?\d+(\.\d+)*([abc]|rc|\.post|\.dev)?\d*$")
 
 
@@ -78,8 +83,8 @@ def set_output(**values: str) -> None:
 def ask_plan(python: str, config: str) -> tuple[dict | None, str]:
     """The installed gate's reading of the config (``gate --plan``), or None and why not."""
     try:
-        r = subprocess.run([python, "-m", "consistency", "gate", "--config", config, "--plan"], capture_output=True,
-                           text=True, timeout=300, check=False)
+        r = subprocess.run([python, *SAFE, "-m", "consistency", "gate", "--config", config, "--plan"],
+                           capture_output=True, text=True, timeout=300, check=False)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return None, f"cannot run the installed consistency: {exc}"
     if r.returncode != 0:
@@ -104,12 +109,12 @@ def run_install(args: argparse.Namespace) -> int:
         return 0 if args.dry_run else subprocess.run(cmd, check=False).returncode
 
     if not py.exists():
-        rc = run([sys.executable, "-m", "venv", str(venv)])
+        rc = run([sys.executable, *SAFE, "-m", "venv", str(venv)])
         if rc:
             print("action: cannot create a virtual environment (on Debian/Ubuntu: apt-get install python3-venv, or "
                   "set the action's python input)", file=sys.stderr)
             return rc
-    pip = [str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+    pip = [str(py), *SAFE, "-m", "pip", "install", "-q", "--disable-pip-version-check"]
     rc = run(pip + [requirement(args.version, source)])
     if rc:
         return rc
@@ -137,19 +142,25 @@ def run_install(args: argparse.Namespace) -> int:
     return rc
 
 
+def annotation_flags(annotations: str) -> list[str]:
+    """The gate's flag for the ``annotations`` input; ValueError for anything but a boolean."""
+    a = annotations.strip().lower()
+    if a in ("true", "1", "yes", "on"):
+        return ["--annotations"]
+    if a in ("false", "0", "no", "off"):
+        return ["--no-annotations"]
+    if a:
+        raise ValueError(f"annotations must be true or false, got {annotations!r}")
+    return []
+
+
 def gate_command(python: str, config: str, result: str, json_path: str, junit: str, sarif: str, annotations: str,
                  fail_on: str) -> list[str]:
-    cmd = [python, "-m", "consistency", "gate", "--config", config, "--result", result]
+    cmd = [python, *SAFE, "-m", "consistency", "gate", "--config", config, "--result", result]
     for flag, value in (("--json", json_path), ("--junit", junit), ("--sarif", sarif)):
         if value:
             cmd += [flag, value]
-    a = annotations.strip().lower()
-    if a in ("true", "1", "yes", "on"):
-        cmd.append("--annotations")
-    elif a in ("false", "0", "no", "off"):
-        cmd.append("--no-annotations")
-    elif a:
-        raise SystemExit(f"action: annotations must be true or false, got {annotations!r}")
+    cmd += annotation_flags(annotations)
     if fail_on == "warning":
         cmd += ["--fail-on", "warning"]
     return cmd
@@ -177,15 +188,45 @@ def step_code(verdict: str, gate_rc: int, fail_on: str) -> tuple[str, int, str]:
     return verdict, expected, ""
 
 
+def make_parents(path: str) -> str:
+    """Create the missing directories of an output path; "" or why not (never a traceback).
+
+    Inside the checkout nothing is created through a symlink (the pull request committed
+    it; the gate decides whether the path may be written at all), and a committed file
+    where a directory should be is an error, not a crash."""
+    try:
+        parent = Path(os.path.abspath(path)).parent
+        ws = Path.cwd()
+        if parent == ws or ws in parent.parents:
+            p = ws
+            for part in parent.relative_to(ws).parts:
+                p = p / part
+                if p.is_symlink():
+                    return ""  # the gate resolves it and refuses a symlink that moves an output
+                if p.exists() and not p.is_dir():
+                    return f"{path}: {p.relative_to(ws)} is a file of the checkout, not a directory; refused"
+        parent.mkdir(parents=True, exist_ok=True)
+    except (OSError, ValueError) as exc:
+        return f"{path}: cannot create its directory: {getattr(exc, 'strerror', None) or exc}"
+    return ""
+
+
 def run_gate(args: argparse.Namespace) -> int:
     fail_on = (args.fail_on or "").strip().lower()
-    if fail_on not in FAIL_ON:
-        print(f"action: fail-on must be error, warning or never, got {args.fail_on!r}", file=sys.stderr)
+    try:
+        if fail_on not in FAIL_ON:
+            raise ValueError(f"fail-on must be error, warning or never, got {args.fail_on!r}")
+        annotation_flags(args.annotations)
+    except ValueError as exc:  # a bad input: an error verdict with its outputs, exit 2, nothing run
+        print(f"action: {exc}", file=sys.stderr)
         set_output(verdict="error", **{"exit-code": "2", "json": ""})
         return 2
-    for p in (args.junit, args.sarif, args.json):
-        if p:
-            Path(p).parent.mkdir(parents=True, exist_ok=True)
+    for key, p in (("junit", args.junit), ("sarif", args.sarif), ("json", args.json)):
+        why = make_parents(p) if p else ""
+        if why:
+            print(f"action: {key}: {why}", file=sys.stderr)
+            set_output(verdict="error", **{"exit-code": "2", "json": ""})
+            return 2
     tmp = Path(tempfile.mkdtemp(prefix="consistency-action-", dir=os.environ.get("RUNNER_TEMP") or None))
     result = tmp / "consistency-gate.json"
     python = args.python or sys.executable

@@ -36,7 +36,7 @@ def test_install_without_torch_unless_replay_is_declared(tmp_path: Path) -> None
     the environment the action installs into (here: this test's own, so nothing downloads)."""
     venv = Path(sys.prefix)
     py = venv / "bin" / "python"
-    pip = f"+ {py} -m pip install -q --disable-pip-version-check"
+    pip = f"+ {py} -I -m pip install -q --disable-pip-version-check"
     plain = tmp_path / "plain.toml"
     plain.write_text((CONFIGS / "pass.toml").read_text().replace("../../", f"{ROOT}/"))
     rc, out, log = action("install", "--dry-run", "--venv", venv, "--config", plain, "--source", ROOT, tmp=tmp_path)
@@ -62,8 +62,8 @@ def test_install_creates_a_virtual_environment_never_the_system_python(tmp_path:
     venv = tmp_path / "consistency-venv"
     assert rc == 0 and out["python"] == str(venv / "bin" / "python"), log
     lines = log.strip().splitlines()
-    assert lines[0] == f"+ {sys.executable} -m venv {venv}"
-    assert lines[1].startswith(f"+ {venv}/bin/python -m pip install")
+    assert lines[0] == f"+ {sys.executable} -I -m venv {venv}"
+    assert lines[1].startswith(f"+ {venv}/bin/python -I -m pip install")
 
 
 def test_gate_on_the_repository_fixtures_writes_reports_and_outputs(tmp_path: Path) -> None:

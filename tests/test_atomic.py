@@ -297,3 +297,71 @@ def test_a_fifo_or_device_is_refused_even_with_force(tmp_path):
         for force in (False, True):
             with pytest.raises(InputError, match="not a regular file"):
                 check_writable(target, force)
+
+
+@pytest.mark.parametrize("stem", ["n" * 250, "é" * 124 + "x"], ids=["250-ascii", "249-bytes-utf8"])
+def test_an_output_name_near_the_255_byte_limit_is_written(tmp_path: Path, stem: str) -> None:
+    """The temporary file beside the output (``.<name>.tmp-<host>-<pid>-<random>``) used the
+    whole name and failed with ENAMETOOLONG for a valid name over ~200 bytes: every
+    command's output, and the recorder's fallback names."""
+    for ext in (".json", ".safetensors"):
+        out = tmp_path / (stem[: len(stem) - len(ext)] + ext)
+        assert len(os.fsencode(out.name)) <= 255
+        if ext == ".json":
+            write_text_atomic(out, '{"tool": "consistency"}\n')
+            assert json.loads(out.read_text()) == {"tool": "consistency"}
+        else:
+            write_dump(out, {"a": np.ones(3, np.float32)})
+            with open_dump(out) as d:
+                assert d.names == ["a"]
+    assert sorted(p.name.startswith(".") for p in tmp_path.iterdir()) == [False, False]  # no temp file left
+
+
+def _inputs(d: Path) -> dict[str, Path]:
+    """A pair of dumps, a draft/target config pair and a gate config over them (all written here)."""
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((6, 8)).astype(np.float32)
+    write_dump(d / "ref.safetensors", {"aux.0": a})
+    write_dump(d / "cand.safetensors", {"aux.0": a + 1})
+    fix = ROOT / "fixtures" / "configs"
+    (d / "draft.json").write_text((fix / "drafts" / "sglang" / "kimi-k2.5-eagle3-fixed.json").read_text())
+    (d / "target.json").write_text((fix / "targets" / "kimi-k2.5.json").read_text())
+    (d / "c.toml").write_text('[[lint]]\nname = "x"\ndraft = "draft.json"\ntarget = "target.json"\n'
+                              'runtime = "sglang@0.5.23"\n')
+    return {p.name: p for p in d.iterdir()}
+
+
+LINT = ["lint", "--draft", "draft.json", "--target", "target.json", "--runtime", "sglang@0.5.23", "--format", "json"]
+
+
+@pytest.mark.parametrize("argv", [
+    ["compare", "ref.safetensors", "cand.safetensors", "--json", "ref.safetensors", "--force"],
+    ["compare", "ref.safetensors", "cand.safetensors", "--html", "cand.safetensors", "--force"],
+    ["compare", "ref.safetensors", "cand.safetensors", "--json", "link.json", "--force"],  # a symlink to the reference
+    ["compare", "ref.safetensors", "cand.safetensors", "--json", "hard.json", "--force"],  # a hard link to it
+    [*LINT, "-o", "target.json", "--force"],
+    ["gate", "--config", "c.toml", "--json", "c.toml", "--force"],
+    ["gate", "--config", "c.toml", "--junit", "draft.json", "--force"],
+], ids=["compare-json-over-reference", "compare-html-over-candidate", "via-symlink", "via-hard-link",
+        "lint-over-target", "gate-over-its-config", "gate-over-a-checks-input"])
+def test_an_output_never_replaces_an_input_even_with_force(argv: list[str], tmp_path: Path) -> None:
+    files = _inputs(tmp_path)
+    (tmp_path / "link.json").symlink_to("ref.safetensors")
+    os.link(tmp_path / "ref.safetensors", tmp_path / "hard.json")
+    before = {n: p.read_bytes() for n, p in files.items()}
+    r = run_cli(*argv, cwd=tmp_path)
+    assert r.returncode == 2 and "is the input" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert {n: p.read_bytes() for n, p in files.items()} == before
+
+
+def test_two_outputs_naming_one_file_are_refused_before_any_work(tmp_path: Path) -> None:
+    _inputs(tmp_path)
+    for argv in (["compare", "ref.safetensors", "cand.safetensors", "--json", "r.out", "--html", "r.out"],
+                 ["gate", "--config", "c.toml", "--json", "g.out", "--sarif", "./g.out"]):
+        r = run_cli(*argv, cwd=tmp_path)
+        assert r.returncode == 2 and "named twice as an output" in r.stderr, r.stderr
+        assert not (tmp_path / argv[-1]).exists()
+    ok = run_cli("compare", "ref.safetensors", "cand.safetensors", "--json", "r.json", "--html", "r.html",
+                 cwd=tmp_path)  # control: two files, both written
+    assert ok.returncode == 1 and json.loads((tmp_path / "r.json").read_text())["tool"] == "consistency"
+    assert (tmp_path / "r.html").read_text().startswith("<!DOCTYPE html>")

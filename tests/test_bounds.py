@@ -104,7 +104,7 @@ def test_a_note_that_starts_like_a_text_report_is_data(tmp_path: Path) -> None:
     assert r.returncode in (0, 1), r.stderr
 
 
-@pytest.mark.parametrize("content,needle", [(b"hello world, a text file\n", "it starts with text 'hello world, a "),
+@pytest.mark.parametrize("content,needle", [(b"hello world, a text file\n", "it starts with text, not"),
                                             (b"\x00\x01\x02\x03\x04\x05\x06\x07\x08\x09", "starts with bytes 00 01 02"),
                                             (b"%PDF-1.7\n%\xe2\xe3\xcf\xd3\n", "starts with PDF data")])
 def test_a_file_that_is_not_a_dump_is_named_for_what_it_starts_with(tmp_path: Path, content: bytes,
@@ -113,6 +113,7 @@ def test_a_file_that_is_not_a_dump_is_named_for_what_it_starts_with(tmp_path: Pa
     p.write_bytes(content)
     line = _one_line(run_cli("inspect", str(p)))
     assert "not a safetensors file" in line and needle in line and "claims" not in line
+    assert "hello" not in line  # a file's content is never echoed (it may be a secret a symlink points at)
 
 
 def test_a_rank_17_tensor_is_refused_at_write(tmp_path: Path) -> None:

@@ -100,6 +100,18 @@ EVIL_MODEL = {"config.json": json.dumps({"model_type": "evil", "architectures": 
                                                       "AutoModelForCausalLM": "evil.EvilModel"}}),
               "evil.py": "import pathlib\npathlib.Path('PWNED').write_text('ran')\n"}
 
+SECRET = "TOKEN=s3cr3t-v4lue-of-the-runner"
+PAYLOAD = "import pathlib\npathlib.Path('PWNED').write_text('ran')\n"
+FORGE = ("import json, sys\nif '--result' in sys.argv:\n    r = sys.argv[sys.argv.index('--result') + 1]\n"
+         "    open(r, 'w').write(json.dumps({'tool': 'consistency', 'kind': 'gate', 'verdict': 'pass'}))\n"
+         "if '--plan' in sys.argv:\n    print(json.dumps({'kind': 'gate-plan', 'needs': []}))\n"
+         "print('PASS  forged')\nsys.exit(0)\n")  # a gate of the PR's: writes a pass where the Action reads it
+# stdlib and dependency names the gate (and pip, venv) import; in the checkout's root they
+# came first on sys.path of every ``python -m`` the Action ran there
+SHADOW = {f"{m}.py": PAYLOAD for m in ("json", "tomllib", "click", "pydantic", "numpy", "argparse", "tempfile",
+                                      "importlib_metadata", "typing_extensions", "rich", "sitecustomize")}
+SHADOW.update({"pip/__init__.py": PAYLOAD, "pip/__main__.py": PAYLOAD, "venv/__main__.py": PAYLOAD})
+
 ATTACKS = [
     # --- what install decides: the gate's own TOML loader and model, not a regex over the text
     Attack("quoted-table-replay-lean", LINT_FIXED + _replay('[["replay"]]'), verdict="error", replay=True),
@@ -127,6 +139,9 @@ ATTACKS = [
            verdict="fail", writes=("reports/gate.json", "reports")),
     Attack("fail-on-warning-agrees", '[gate]\nfail_on = "error"\n' + LINT_WARN, inputs={"fail-on": "warning"},
            verdict="fail"),
+    Attack("annotations-input-not-a-boolean", LINT_FIXED, inputs={"annotations": "maybe"}, verdict="error",
+           summary=False),
+    Attack("fail-on-input-unknown", LINT_FIXED, inputs={"fail-on": "nothing"}, verdict="error", summary=False),
     Attack("fail-on-never-reports-only", LINT_SEED, inputs={"fail-on": "never"}, verdict="fail", code=0),
     # --- what GitHub shows is the runner's, not the config's
     Attack("config-turns-annotations-off", '[gate]\nannotations = false\n' + LINT_SEED, verdict="fail",
@@ -152,6 +167,21 @@ ATTACKS = [
     Attack("newline-in-an-output-path", '[gate]\njson = "a\\nverdict=pass.json"\n' + LINT_FIXED, verdict="error",
            summary=False),
     Attack("config-asks-for-force", '[gate]\nforce = true\n' + LINT_FIXED, verdict="error", summary=False),
+    # --- the workflow names an output path; the pull request commits a symlink (or a file) on it
+    Attack("json-input-through-a-committed-symlink-into-git", LINT_FIXED, links={"out": ".git"},
+           inputs={"json": "out/gate.json"}, verdict="error", summary=False),
+    Attack("junit-input-through-a-committed-symlink-outside", LINT_FIXED, links={"out": "../runner"},
+           inputs={"junit": "out/junit.xml"}, verdict="error", summary=False),
+    Attack("sarif-input-through-a-symlinked-parent-into-a-dot-dir", LINT_FIXED, links={"reports": ".venv/bin"},
+           inputs={"sarif": "reports/lint.sarif"}, verdict="error", summary=False),
+    Attack("dangling-symlink-at-the-json-input", LINT_FIXED, links={"out/gate.json": "../.git/gate.json"},
+           inputs={"json": "out/gate.json"}, verdict="error", summary=False),
+    Attack("json-input-under-a-committed-file", LINT_FIXED, files={"out": "a file, not a directory\n"},
+           inputs={"json": "out/gate.json"}, verdict="error", summary=False),
+    Attack("json-input-under-a-dangling-symlink", LINT_FIXED, links={"out": "nowhere"},
+           inputs={"json": "out/sub/gate.json"}, verdict="error", summary=False),
+    Attack("json-input-through-a-symlink-that-stays-in-the-tree", LINT_FIXED, files={"real/keep.txt": "x\n"},
+           links={"out": "real"}, inputs={"json": "out/gate.json"}, writes=("real/gate.json",)),
     # --- strings the log, the outputs, the summary and a shell must not obey
     Attack("workflow-commands-and-shell-in-check-names", _hostile_lints(), verdict="fail"),
     # --- inputs that used to hang, crash or run code
@@ -161,6 +191,15 @@ ATTACKS = [
            files={"drafts/deep.json": _deep_config()}, verdict="error"),
     Attack("40000-aux-ids", LINT_FIXED.replace("drafts/fixed.json", "drafts/many.json"),
            files={"drafts/many.json": _many_ids()}, verdict="error"),
+    # --- modules the checkout commits where ``python -m`` would look first (the working directory)
+    Attack("committed-modules-shadow-what-the-gate-imports", LINT_SEED, files=SHADOW, verdict="fail"),
+    Attack("committed-consistency-package-shadows-the-installed-one", LINT_SEED,
+           files={"consistency/__init__.py": PAYLOAD, "consistency/__main__.py": PAYLOAD + FORGE}, verdict="fail"),
+    # --- files outside the checkout a committed symlink points at: named, never echoed
+    Attack("symlinked-dumps-into-a-secret-file", '[[compare]]\nname = "leak"\nreference = "dumps/leak.safetensors"\n'
+           'candidate = "dumps/train.safetensors"\n[[compare]]\nname = "leak2"\nreference = "dumps/leak.npz"\n'
+           'candidate = "dumps/train.safetensors"\n',
+           links={"dumps/leak.safetensors": "../../secret.env", "dumps/leak.npz": "../../secret.env"}, verdict="error"),
     Attack("replay-target-with-its-own-code", _replay().replace('target = "tiny-llama"', 'target = "evil"'),
            files={f"evil/{k}": v for k, v in EVIL_MODEL.items()}, env="full", verdict="error", replay=True,
            stdout=("never runs code from a model or tokenizer directory",)),
@@ -233,6 +272,7 @@ def _repo(root: Path, attack: Attack, dumps: dict[str, bytes]) -> Path:
     git = ["git", "-c", "user.name=pr", "-c", "user.email=pr@example.invalid", "-c", "init.defaultBranch=main"]
     subprocess.run([*git, "init", "-q", str(repo)], check=True)
     for rel, target in attack.links.items():
+        (repo / rel).parent.mkdir(parents=True, exist_ok=True)
         (repo / rel).symlink_to(target)
     subprocess.run([*git, "-C", str(repo), "add", "-A"], check=True)
     subprocess.run([*git, "-C", str(repo), "commit", "-qm", "the pull request"], check=True)
@@ -255,6 +295,14 @@ def _tree(repo: Path) -> dict[str, tuple]:
     return out
 
 
+def _outside(tmp: Path) -> dict[str, tuple]:
+    """What the job may not touch outside the checkout: all of ``tmp`` but the checkout, the
+    runner's two files and the Action's own fresh result directories."""
+    tree = _tree(tmp)
+    return {k: v for k, v in tree.items() if not k.startswith(("repo/", "runner/consistency-action-"))
+            and k not in ("repo", "runner/github_output", "runner/step_summary.md")}
+
+
 @dataclass
 class Job:
     install: subprocess.CompletedProcess
@@ -275,7 +323,8 @@ def _job(tmp: Path, attack: Attack, dumps: dict[str, bytes], lean: Path) -> tupl
     env = {k: v for k, v in os.environ.items() if not k.startswith(("GITHUB_", "CONSISTENCY_", "RUNNER_"))}
     env.update(GITHUB_ACTIONS="true", GITHUB_OUTPUT=str(gh_output), GITHUB_STEP_SUMMARY=str(step_summary),
                RUNNER_TEMP=str(runner), GITHUB_WORKSPACE=str(repo), HF_HUB_OFFLINE="1")
-    before = _tree(repo)
+    (tmp / "secret.env").write_text(f"{SECRET}\nMORE=1\n")  # outside the checkout: never in any output
+    before, outside = _tree(repo), _outside(tmp)
     install = subprocess.run([sys.executable, str(SCRIPT), "install", "--dry-run", "--config", attack.config_path,
                               "--venv", str(venv), "--source", str(ROOT)], capture_output=True, text=True, env=env,
                              cwd=repo, timeout=300, stdin=subprocess.DEVNULL)
@@ -287,6 +336,7 @@ def _job(tmp: Path, attack: Attack, dumps: dict[str, bytes], lean: Path) -> tupl
     keys = [line.split("=", 1)[0] for line in lines]
     assert len(keys) == len(set(keys)), f"an output key written twice (injected?): {lines}"
     outputs = dict(line.split("=", 1) for line in lines)
+    assert _outside(tmp) == outside, "a file outside the checkout changed or appeared"
     return Job(install, gate, outputs, step_summary.read_text(), repo), before, _tree(repo)
 
 
@@ -337,6 +387,9 @@ def test_the_action_under_attack(attack: Attack, tmp_path: Path, dumps: dict[str
         subprocess.run(["bash", "-c", '. "$0"', str(script)], cwd=job.repo, capture_output=True, timeout=60)
     _no_marker(tmp_path)
     assert not (ROOT / MARK).exists()
+    reports = [p.read_text(errors="replace") for w in attack.writes if (p := job.repo / w).is_file()]
+    for text in (log, job.summary, "\n".join(f"{k}={v}" for k, v in job.outputs.items()), *reports):
+        assert SECRET[:6] not in text and "s3cr3t" not in text, "a file outside the checkout was echoed"
 
 
 def test_the_attack_corpus_covers_every_item_of_the_threat_model() -> None:
@@ -359,3 +412,105 @@ def test_a_positive_control_sourcing_an_unescaped_summary_runs_the_payload(tmp_p
     subprocess.run(["bash", "-c", '. "$0"', str(raw)], cwd=tmp_path, capture_output=True, timeout=60)
     assert (tmp_path / MARK).exists()
 
+
+
+def test_a_config_reached_through_a_symlinked_directory_writes_nothing_into_a_dot_directory(tmp_path: Path) -> None:
+    """Outside GitHub Actions (no ``GITHUB_WORKSPACE``; a hook, another CI), run from outside
+    the checkout: the config's directory is a committed symlink into a dot-directory
+    (``ci -> .hooks``), so its ``summary = "pre-commit"`` resolves into ``.hooks/``. Refused,
+    nothing written; the same config through a plain directory (positive control) writes."""
+    from tests.conftest import run_cli
+
+    repo = tmp_path / "repo"
+    for d in (".hooks", "plain"):
+        (repo / d).mkdir(parents=True)
+        (repo / d / "consistency.toml").write_text('[gate]\nsummary = "pre-commit"\n' + LINT_FIXED.replace(
+            '"drafts/', '"../drafts/').replace('"kimi.json"', '"../kimi.json"'))
+    (repo / "drafts").mkdir()
+    (repo / "drafts" / "fixed.json").write_text(FIXED.read_text())
+    (repo / "kimi.json").write_text(TARGET.read_text())
+    (repo / "ci").symlink_to(".hooks")
+    before = _tree(repo)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GITHUB_", "CONSISTENCY_"))}
+    r = run_cli("gate", "--config", str(repo / "ci" / "consistency.toml"), env=env, cwd=tmp_path)
+    assert r.returncode == 2 and "resolves through a symlink into '.hooks'" in r.stderr, r.stdout + r.stderr
+    assert _tree(repo) == before
+    ok = run_cli("gate", "--config", str(repo / "plain" / "consistency.toml"), env=env, cwd=tmp_path)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert (repo / "plain" / "pre-commit").read_text().startswith("## consistency gate: ")
+
+
+def test_the_pre_commit_hooks_never_take_file_names_as_options(tmp_path: Path) -> None:
+    """pre-commit appends the staged file names matching ``files`` to the entry unless
+    ``pass_filenames: false``; a committed file named ``--config=evil.toml`` or
+    ``--junit=x.json`` matches and would be parsed as an option (the control below shows it
+    would). Every hook takes no file names, and its entry, run by its console script as
+    pre-commit runs it in a checkout holding those names and a shadowing ``click.py``, runs
+    the declared lint and writes nothing."""
+    import re
+    import shlex
+
+    import yaml
+
+    repo = tmp_path / "repo"
+    (repo / "drafts").mkdir(parents=True)
+    (repo / "drafts" / "seed.json").write_text(SEED.read_text())
+    (repo / "kimi.json").write_text(TARGET.read_text())
+    (repo / "consistency.toml").write_text(LINT_SEED)
+    (repo / "evil.toml").write_text(LINT_FIXED.replace("drafts/fixed.json", "drafts/seed.json")
+                                    .replace("0.5.23", "0.5.12").replace("stream:0,3,31", "stream:3,31,59"))
+    names = ["--config=evil.toml", "--junit=x.json", "-q.json", "--force.yaml"]
+    for n in names:
+        (repo / n).write_text("{}\n")
+    (repo / "click.py").write_text(PAYLOAD)
+    hooks = yaml.safe_load((ROOT / ".pre-commit-hooks.yaml").read_text())
+    script = Path(sys.prefix) / "bin" / "consistency"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GITHUB_", "CONSISTENCY_"))}
+    before = _tree(repo)
+    for hook in hooks:
+        assert hook["pass_filenames"] is False, hook["id"]
+        assert any(re.search(hook["files"], n) for n in names), hook["id"]  # pre-commit would have passed them
+    gate = next(h for h in hooks if h["id"] == "consistency-lint")
+    r = subprocess.run([str(script), *shlex.split(gate["entry"])[1:]], cwd=repo, env=env, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 1 and "FAIL  lint/seed" in r.stdout, r.stdout + r.stderr  # the declared config ran
+    assert _tree(repo) == before
+    _no_marker(tmp_path)
+    # control: had the names been passed, the PR's config would have replaced the declared one
+    c = subprocess.run([str(script), *shlex.split(gate["entry"])[1:], *names[:2]], cwd=repo, env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert "lint/seed" not in c.stdout and (repo / "x.json").exists(), c.stdout + c.stderr
+
+
+GLOBBED = ["x\n::error::forged-by-a-file-name.safetensors", "##[set-output name=verdict;]pass.safetensors",
+           "y\r##[add-mask]z.safetensors"]
+
+
+@pytest.mark.parametrize("argv", [
+    ["compare", "a.safetensors", "b.safetensors", *GLOBBED],  # `compare dumps/*` over the PR's files
+    ["compare", "--rtol", GLOBBED[1], "a.safetensors", "b.safetensors"],
+    [GLOBBED[0]],  # as the command name
+    ["gate", "--kind", GLOBBED[1]],
+], ids=["extra-arguments", "option-value", "command-name", "choice-value"])
+def test_click_usage_errors_echo_no_workflow_command(argv: list[str], tmp_path: Path) -> None:
+    """A workflow that globs the checkout (``consistency compare dumps/*``) passes the PR's
+    file names as arguments; click's own usage errors echoed them raw, so a name with a
+    newline and ``::error::``, or ``##[`` anywhere, became a workflow command in the log."""
+    from tests.conftest import cli
+
+    r = cli(*argv, cwd=tmp_path)
+    assert r.returncode == 2 and "Error:" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    for line in (r.stdout + r.stderr).splitlines():
+        assert not line.lstrip().startswith("::") and "##[" not in line, line
+    assert any(c in r.stderr for c in ("\\x3a", "\\x23")), r.stderr  # shown, escaped (the control: it was there)
+
+
+def test_a_positive_control_python_m_imports_a_shadowing_module_from_the_checkout(tmp_path: Path) -> None:
+    """The shadowing attacks can fail: plain ``python -m consistency`` in a directory holding a
+    ``click.py`` runs it (the marker appears); ``python -I -m`` (what the Action runs) does not."""
+    (tmp_path / "click.py").write_text(PAYLOAD)
+    subprocess.run([sys.executable, "-I", "-m", "consistency", "--version"], cwd=tmp_path, capture_output=True,
+                   timeout=120)
+    assert not (tmp_path / MARK).exists()
+    subprocess.run([sys.executable, "-m", "consistency", "--version"], cwd=tmp_path, capture_output=True, timeout=120)
+    assert (tmp_path / MARK).exists()

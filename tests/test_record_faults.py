@@ -47,7 +47,7 @@ def assert_readable_by_compare(path: Path, expected: dict[str, np.ndarray | tupl
             arr.astype(arr.dtype.newbyteorder("<")) if arr.dtype.byteorder == ">" else arr).tobytes(), name
         if dt:
             assert got[name][1] == dt, (name, got[name][1], dt)
-    ref = tmp / f"ref-{path.stem}.safetensors"
+    ref = tmp / f"ref-{path.stem[:80]}.safetensors"
     write_dump(ref, expected, force=True)  # type: ignore[arg-type]
     rep = run(str(ref), str(path))
     assert rep.verdict == "pass", rep.summary
@@ -477,3 +477,104 @@ def test_the_async_recorders_device_path_refuses_alone_and_keeps_the_rest(tmp_pa
     with open_dump(p1) as d:
         assert d.metadata.tensors["sh"].shard is not None
     assert_readable_by_compare(p2, {"big": big.cpu().numpy(), "big#2": (big * 2).cpu().numpy()}, tmp_path)
+
+
+# -- hostile knob values ----------------------------------------------------------------------
+KNOBS = """
+import numpy as np
+from consistency.record import graphs, patch
+for _ in range(2):  # two forwards of 3 tokens, as a patched model file calls them
+    patch.capture_input_ids(np.arange(3))
+    patch.capture_aux(0, np.full((3, 4), 1.5, np.float32))
+    patch.capture_aux(1, np.full((3, 4), 2.5, np.float32))
+print(graphs.budget().limit)
+"""
+
+
+@pytest.mark.parametrize("knobs", [
+    {"CONSISTENCY_RECORD_TOKENS": "abc"}, {"CONSISTENCY_RECORD_TOKENS": "3.0"}, {"CONSISTENCY_RECORD_TOKENS": "-3"},
+    {"CONSISTENCY_RECORD_GRAPH_BYTES": "lots"}, {"CONSISTENCY_DRAFT_STEPS": "x\n::error::y"},
+], ids=lambda k: "-".join(f"{n.removeprefix('CONSISTENCY_')}={v!r}" for n, v in k.items()))
+def test_a_knob_set_to_nonsense_never_raises_into_the_forward_and_loses_nothing(knobs: dict[str, str],
+                                                                               tmp_path: Path) -> None:
+    """A value that is not a count (the host's environment, a typo) is ignored, said once on
+    stderr (escaped), and the recording is whole: the forward pass never sees an exception."""
+    from consistency.record.graph_plan import DEFAULT_BYTES
+
+    out = tmp_path / "k.safetensors"
+    r = subprocess.run([sys.executable, "-c", KNOBS], capture_output=True, text=True, env=_env(out, **knobs),
+                       cwd=ROOT, timeout=300)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    assert int(r.stdout.split()[-1]) == DEFAULT_BYTES
+    name = next(iter(knobs))
+    lines = r.stderr.splitlines()
+    if name != "CONSISTENCY_DRAFT_STEPS":  # read only by MTP draft passes, which this host has none of
+        assert len(lines) == 1 and name in lines[0] and ("ignored" in lines[0] or "default" in lines[0]), r.stderr
+    assert not any(line.lstrip().startswith("::") for line in lines), r.stderr
+    assert_readable_by_compare(out, {"input_ids": np.arange(3), "aux.0": np.full((3, 4), 1.5, np.float32),
+                                     "aux.1": np.full((3, 4), 2.5, np.float32)}, tmp_path)
+
+
+def test_a_token_count_knob_that_is_a_count_still_filters(tmp_path: Path) -> None:
+    """Positive control: 3 records the 3-token forward (once), 4 records nothing."""
+    for want, recorded in (("3", True), ("4", False)):
+        out = tmp_path / f"t{want}.safetensors"
+        r = subprocess.run([sys.executable, "-c", KNOBS], capture_output=True, text=True,
+                           env=_env(out, CONSISTENCY_RECORD_TOKENS=want), cwd=ROOT, timeout=300)
+        assert r.returncode == 0 and r.stderr == "", r.stderr
+        assert out.exists() == recorded
+
+
+@pytest.mark.parametrize("name", ["a" * 300 + ".safetensors", "é" * 200 + ".npz", "b" * 254])
+def test_a_recording_path_whose_name_is_too_long_for_the_filesystem_is_written_under_a_shorter_one(
+        name: str, tmp_path: Path) -> None:
+    """``CONSISTENCY_RECORD`` naming a file over 255 bytes raised OSError (ENAMETOOLONG) into
+    the host at the first capture, and at exit every fallback name was too long as well:
+    the recording was lost. Now: one line names the shorter file it goes to, and it is whole."""
+    out = tmp_path / "rec" / name
+    (tmp_path / "rec").mkdir()
+    script = "import numpy as np\nfrom consistency.record import capture\ncapture('aux.0', np.full((2, 3), 4.0, np.float32))\n"
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=_env(out), cwd=ROOT,
+                       timeout=300)
+    assert r.returncode == 0 and "Traceback" not in r.stderr and "could not write" not in r.stderr, r.stderr
+    written = list((tmp_path / "rec").iterdir())
+    assert len(written) == 1 and len(os.fsencode(written[0].name)) <= 255, written
+    assert written[0].name in r.stderr or str(written[0]) in r.stderr
+    assert_readable_by_compare(written[0], {"aux.0": np.full((2, 3), 4.0, np.float32)}, tmp_path)
+
+
+# -- the host's stderr ----------------------------------------------------------------------
+NO_STDERR = """
+import sys, numpy as np
+class Raising:
+    def write(self, s): raise RuntimeError("the host's log sink is down")
+    def flush(self): raise RuntimeError("the host's log sink is down")
+sys.stderr = None if sys.argv[1] == "none" else Raising()
+from consistency.record import capture
+capture("aux.0", np.full((2, 3), 1.0, np.float32))
+capture("bad", np.ones(3, np.complex64))  # refused: a warning line
+capture("bad\\nname", np.ones(3, np.float32))  # refused: a warning line
+capture("aux.1", np.full((2, 3), 2.0, np.float32))
+if sys.argv[1] == "raises":
+    sys.stderr = sys.__stderr__  # else the interpreter's own flush at exit fails (exit 120), not ours
+print("host ran on")
+"""
+
+
+@pytest.mark.parametrize("sink", ["none", "raises"])
+def test_a_host_without_a_working_stderr_gets_no_exception_and_keeps_the_recording(sink: str,
+                                                                                   tmp_path: Path) -> None:
+    """A daemon started with fd 2 closed has ``sys.stderr = None`` (and a host may install a
+    log sink that raises): the recorder's first warning raised AttributeError into the host
+    and the recording was lost. Its warnings go nowhere then; the host runs on, the
+    recording is written beside the existing file it must not overwrite."""
+    out = tmp_path / "r.safetensors"
+    out.write_bytes(b"someone else's file")
+    r = subprocess.run([sys.executable, "-c", NO_STDERR, sink], capture_output=True, text=True, env=_env(out),
+                       cwd=ROOT, timeout=300)
+    assert r.returncode == 0 and r.stdout.strip() == "host ran on", r.stdout + r.stderr
+    assert out.read_bytes() == b"someone else's file"
+    written = [p for p in tmp_path.iterdir() if p != out]
+    assert len(written) == 1, written
+    assert_readable_by_compare(written[0], {"aux.0": np.full((2, 3), 1.0, np.float32),
+                                            "aux.1": np.full((2, 3), 2.0, np.float32)}, tmp_path)

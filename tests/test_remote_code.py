@@ -127,3 +127,29 @@ def test_tokenizer_files_are_bounded_before_parsing(tmp_path: Path) -> None:
     r = run_cli("compare", str(ref), str(ref), "--tokenizer", str(d),
                 env={"CONSISTENCY_MAX_TOKENIZER_BYTES": "100"})
     assert r.returncode == 2 and "tokenizer files are over 100 bytes" in r.stderr, r.stderr
+
+
+def test_a_known_model_with_auto_maps_in_both_configs_runs_no_code_and_names_the_right_one(tmp_path: Path) -> None:
+    """A Llama directory (real weights) whose config.json *and* tokenizer_config.json carry an
+    ``auto_map``, the tokenizer's class existing only in the directory's code: nothing runs,
+    one line, and it names tokenizer_config.json's auto_map (it named config.json's)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    d = tmp_path / "model"
+    cfg = LlamaConfig(vocab_size=16, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                      num_attention_heads=2, num_key_value_heads=2)
+    LlamaForCausalLM(cfg).save_pretrained(d)
+    _tokenizer_dir(d, custom_class=True)
+    c = json.loads((d / "config.json").read_text())
+    c["auto_map"] = {"AutoConfig": "evil.EvilConfig", "AutoModelForCausalLM": "evil.EvilModel"}
+    (d / "config.json").write_text(json.dumps(c))
+    marker = tmp_path / "PWNED"
+    r = subprocess.run([sys.executable, "-m", "consistency", "record", "--model", str(d), "--prompt", "t1 t2",
+                        "-o", str(tmp_path / "o.safetensors")], capture_output=True, text=True,
+                       env=_env(marker, tmp_path), stdin=subprocess.DEVNULL, timeout=300, cwd=tmp_path)
+    assert not marker.exists(), "the directory's code ran"
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1, r.stderr
+    assert "tokenizer_config.json auto_map (AutoTokenizer)" in lines[0] and "never runs code" in lines[0], lines[0]

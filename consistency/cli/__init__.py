@@ -91,8 +91,15 @@ def run(argv: list[str] | None = None) -> None:
     except click.exceptions.Abort:
         click.echo("consistency: aborted", err=True)
         sys.exit(2)
-    except click.ClickException as e:
-        e.show()
+    except click.ClickException as e:  # click echoes argv (a file name a glob found) raw: made inert
+        import io
+
+        from consistency.escape import term
+
+        buf = io.StringIO()
+        e.show(file=buf)
+        for line in buf.getvalue().rstrip("\n").split("\n"):
+            click.echo(term(line), err=True)
         sys.exit(2)
     except ConsistencyError as e:
         from consistency.escape import term  # file names and values: one inert line

@@ -43,10 +43,9 @@ def compare(reference: str, candidate: str, contract: str | None, json_out: str 
     """
     files = [out for out in (json_out, html_out) if out and out != "-"]
     if files:  # dump.atomic (tempfile, socket) only when a report file is written
-        from consistency.dump.atomic import check_writable
+        from consistency.dump.atomic import check_outputs
 
-        for out in files:
-            check_writable(out, force)
+        check_outputs(files, (reference, candidate, contract, tokenizer), force)
     if png_dir:
         try:
             from consistency.report.visual import require_png

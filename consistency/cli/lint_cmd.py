@@ -40,11 +40,11 @@ def lint(draft: str | None, target: str | None, serve: str | None, runtime: str 
 
         sys.stdout.write(_explain(explain))
         sys.exit(0)
-    from consistency.dump.atomic import check_writable, write_text_atomic
+    from consistency.dump.atomic import check_outputs, write_text_atomic
     from consistency.lint.engine import LintRequest, run_lint
 
     if output:
-        check_writable(output, force)
+        check_outputs([output], (draft, target, serve, trained_with), force)
     rep = run_lint(LintRequest(draft=draft, target=target, serve=serve, runtime=runtime, trained_with=trained_with,
                                select=select, ignore=ignore, fail_on=fail_on))
     if fmt == "text":

@@ -166,10 +166,10 @@ def record(model_spec: str, gguf_file: str | None, prompt: str | None, ids_file:
            dtype: str, seed: int, output: str, force: bool) -> None:
     """Record a dump: training style (all streams, deltas, final norm, aux slots) or
     serving style (aux slots as a fused-residual runtime builds them)."""
-    from consistency.dump.atomic import check_writable
+    from consistency.dump.atomic import check_outputs
     from consistency.dump.writer import check_dump_name
 
-    check_writable(check_dump_name(output), force)
+    check_outputs([check_dump_name(output)], (model_spec, gguf_file, ids_file), force)
     if (prompt is None) == (ids_file is None):
         raise UsageError("give exactly one of --prompt and --input-ids")
     if dtype not in ("float32", "bfloat16", "float16", "float64"):

@@ -65,14 +65,14 @@ def replay(reference: str, candidate: str, draft: str, target: str | None, steps
     that do not belong together: a --target the dumps were not recorded on, REFERENCE and
     CANDIDATE swapped, dumps of different tokens.
     """
-    from consistency.dump.atomic import check_writable, write_text_atomic
+    from consistency.dump.atomic import check_outputs, write_text_atomic
     from consistency.replay.request import ReplayRequest, run
 
     req = ReplayRequest.build(draft, reference, candidate, target=target, steps=steps, max_drop_points=max_drop,
                               min_acceptance=min_acceptance, feed=feed, labels=labels, overrides=parse_sets(sets),
                               layer_ids=layer_ids, convention=convention, method=method)
     if json_out and json_out != "-":
-        check_writable(json_out, force)
+        check_outputs([json_out], (draft, reference, candidate, target if isinstance(target, str) else None), force)
     from consistency.replay.text import render
     from consistency.report.text import console
 

@@ -21,11 +21,11 @@ import re
 import socket
 import stat
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-from consistency.errors import InputError, OutputExistsError
+from consistency.errors import InputError, OutputExistsError, UsageError
 
 _NO_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
@@ -40,6 +40,7 @@ def check_writable(path: str | Path, force: bool) -> Path:
     refused even with ``--force``: writing to one would block or reach hardware.
     """
     p = Path(path)
+    _within_checkout(p)
     if p.exists() or p.is_symlink():
         if p.is_dir():
             raise InputError(p, "is a directory, expected a file path to write")
@@ -51,6 +52,98 @@ def check_writable(path: str | Path, force: bool) -> Path:
     if not parent.is_dir():
         raise InputError(p, f"directory {parent} does not exist")
     return p
+
+
+def _identities(p: str | Path) -> set[object]:
+    """What makes two paths the same file: the resolved path, and the inode when it exists
+    (a hard link or a symlink to the same file)."""
+    out: set[object] = set()
+    try:
+        out.add(os.path.realpath(os.path.abspath(p)))
+        st = os.stat(p)
+        if stat.S_ISREG(st.st_mode):
+            out.add((st.st_dev, st.st_ino))
+    except (OSError, ValueError):
+        pass
+    return out
+
+
+def check_outputs(outputs: Iterable[str | Path | None], inputs: Iterable[str | Path | None] = (),
+                  force: bool = False) -> None:
+    """:func:`check_writable` for every output file of a command, and two rules more that
+    ``--force`` does not lift: no two outputs are the same file (``--json r.json --html
+    r.json`` kept only the HTML), and no output is one of the command's inputs
+    (``compare ref.safetensors cand.safetensors --json ref.safetensors --force`` replaced
+    the reference dump with its own report)."""
+    taken: dict[object, str] = {}
+    for i in inputs:
+        if i is not None and str(i) not in ("", "-"):
+            for ident in _identities(i):
+                taken.setdefault(ident, f"input {i}")
+    for o in outputs:
+        if o is None or str(o) in ("", "-"):
+            continue
+        check_writable(o, force)
+        ids = _identities(o)
+        clash = next((taken[x] for x in ids if x in taken), None)
+        if clash is not None:
+            what = f"is the {clash}" if clash.startswith("input") else "is named twice as an output"
+            raise UsageError(f"{o}: {what} of this command; an output never replaces an input or another output, "
+                             "even with --force")
+        for x in ids:
+            taken[x] = f"output {o}"
+
+
+def workspace() -> Path | None:
+    """The checkout a CI job runs in (``$GITHUB_WORKSPACE``), or None outside CI."""
+    w = os.environ.get("GITHUB_WORKSPACE")
+    if not w:
+        return None
+    try:
+        return Path(os.path.abspath(w))
+    except (OSError, ValueError):
+        return None
+
+
+def _within_checkout(p: Path) -> None:
+    """An output path inside the CI checkout lands where it reads.
+
+    Every file and symlink of the checkout is the pull request's: a committed symlink
+    (``out -> .git``, ``out -> /home/runner``, a dangling ``report.json -> ../.git/x``) must
+    not carry an output the workflow named (``--json out/gate.json``) into ``.git/``, a
+    dot-directory or out of the checkout. Paths outside the checkout (``$RUNNER_TEMP``) and
+    paths without a symlink in them are the caller's choice, as ever.
+    """
+    ws = workspace()
+    if ws is None:
+        return
+    try:
+        lexical, root = Path(os.path.abspath(p)), ws.resolve()
+        anchor = next((a for a in (ws, root) if a == lexical or a in lexical.parents), None)
+        if anchor is None:
+            return
+        real = lexical.resolve()
+    except (OSError, ValueError, RuntimeError) as exc:  # a symlink loop
+        raise InputError(p, f"cannot resolve the output path ({exc}); refused") from None
+    said = lexical.relative_to(anchor).parts
+    if real == root / Path(*said):
+        return
+    if real != root and root not in real.parents:
+        raise InputError(p, f"resolves through a symlink in the checkout to {real}, outside it ({root}); refused "
+                            "as an output (a symlink the repository commits never moves an output)")
+    hidden = hidden_by_symlink(lexical, real)
+    if hidden:
+        raise InputError(p, f"resolves through a symlink in the checkout into {hidden!r} ({real}); refused as an "
+                            "output (a symlink the repository commits never moves an output into .git/ or a "
+                            "dot-directory)")
+
+
+def hidden_by_symlink(lexical: Path, real: Path) -> str | None:
+    """The dot-directory (or dotfile) that resolving symlinks brought into a path, or None:
+    ``sub/hooks/x`` with ``sub -> .git`` gives ``.git``; a dot-part the path spelled is the
+    caller's own choice."""
+    said = set(lexical.parts)
+    return next((part for part in real.parts if part.startswith(".") and part not in said), None)
 
 
 # (first bytes, a pattern over the first 8 KiB, a pattern over the last 512 bytes or None).
@@ -93,6 +186,16 @@ def is_report(path: str | Path) -> bool:
                for magic, pat, end in _REPORT_HEADS)
 
 
+def _tmp_prefix(p: Path) -> str:
+    """``.<name>.tmp-``, the name shortened so that the temporary file's whole name (host,
+    pid and random tail added) stays under 255 bytes: a valid output name close to the
+    limit must not fail with ENAMETOOLONG on its temporary file."""
+    b = os.fsencode(p.name)
+    if len(b) > 160:
+        b = b[:160]
+    return f".{os.fsdecode(b)}.tmp-"
+
+
 def _tag() -> str:
     host = "".join(c for c in socket.gethostname() if c.isalnum())[:32] or "host"
     return f"{host}-{os.getpid()}-"
@@ -104,7 +207,7 @@ def atomic_write(path: str | Path, force: bool = False) -> Iterator[BinaryIO]:
     p = check_writable(path, force)
     _sweep_leftovers(p)
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.tmp-{_tag()}", dir=p.parent)
+        fd, tmp = tempfile.mkstemp(prefix=_tmp_prefix(p) + _tag(), dir=p.parent)
     except OSError as exc:
         raise _write_error(p, exc) from exc
     ok = False
@@ -156,7 +259,7 @@ def _write_error(p: Path, exc: OSError) -> InputError:
 
 def _sweep_leftovers(p: Path) -> None:
     """Remove temp files of ``p`` left by a killed writer on this host (its pid is gone)."""
-    prefix = f".{p.name}.tmp-"
+    prefix = _tmp_prefix(p)
     host = _tag().split("-")[0]
     try:
         names = [n for n in os.listdir(p.parent) if n.startswith(prefix)]

@@ -45,11 +45,11 @@ def check_tokenizer_size(d: Path) -> None:
                                 "parsing (CONSISTENCY_MAX_TOKENIZER_BYTES raises the bound)")
 
 
-def declared_code(d: Path) -> str | None:
+def declared_code(d: Path, names: tuple[str, ...] = CODE_CONFIGS) -> str | None:
     """Where a directory declares classes of its own (``auto_map``), or None."""
     from consistency.contract.io import read_config_json
 
-    for name in CODE_CONFIGS:
+    for name in names:
         f = d / name
         if not f.is_file():
             continue
@@ -77,7 +77,7 @@ def check_own_classes(d: Path, what: str) -> None:
 
     from consistency.contract.io import read_config_json
 
-    unknown = []
+    unknown, where = [], []
     for name, key in (("config.json", "model_type"), ("tokenizer_config.json", "tokenizer_class")):
         f = d / name
         if not f.is_file():
@@ -91,9 +91,13 @@ def check_own_classes(d: Path, what: str) -> None:
         known = value in CONFIG_MAPPING if key == "model_type" else hasattr(transformers, value)
         if not known:
             unknown.append(f"{key} {value!r}")
+            here = declared_code(d, (name,))  # the auto_map beside the unknown class, when there is one
+            if here and here not in where:
+                where.append(here)
     if unknown:
         raise InputError(d, f"the {what}'s {' and '.join(unknown)} exists only in the directory's own Python code "
-                            f"({code}); consistency never runs code from a model or tokenizer directory")
+                            f"({'; '.join(where) or code}); consistency never runs code from a model or tokenizer "
+                            "directory")
 
 
 def load_error(d: Path, exc: BaseException, what: str) -> InputError:

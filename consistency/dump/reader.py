@@ -173,7 +173,7 @@ class Dump:
                 self.format = "npz"
                 self._open_npz(fd)
             elif self.path.suffix == ".npz":
-                raise InputError(self.path, f"not a .npz (zip) archive: it starts with {magic[:4]!r}, not PK")
+                raise InputError(self.path, f"not a .npz (zip) archive: it is {sniff.looks_like(magic)}, not PK")
             else:
                 self.format = "safetensors"
                 self._open_safetensors(fd)

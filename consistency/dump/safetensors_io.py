@@ -97,10 +97,10 @@ def _describe(head: bytes) -> str:
             return f"{kind} data"
     try:  # strict: a replacement character is printable, so "replace" called random bytes text
         text = head.decode("utf-8")
-    except UnicodeDecodeError:
-        text = "\x00"
+    except UnicodeDecodeError as exc:  # a character cut by the 16-byte window is still text
+        text = head[:exc.start].decode("utf-8") if exc.reason == "unexpected end of data" else "\x00"
     if text and all(c.isprintable() or c in "\t\r\n" for c in text):
-        return f"text {text[:16]!r}"
+        return "text" + (" (JSON)" if text.lstrip().startswith(("{", "[")) else "")  # never echoed: it may be a secret
     return "bytes " + head[:8].hex(" ")
 
 

@@ -14,12 +14,14 @@ failing the gate as an error.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from consistency.dump.atomic import hidden_by_symlink, workspace
 from consistency.errors import InputError, UsageError
 
 LINT_KEYS = {"name", "draft", "target", "serve", "runtime", "trained_with", "select", "ignore", "fail_on", "optional"}
@@ -85,8 +87,14 @@ def _output(p: Path, base: Path, key: str, value: str) -> str:
         return value
     if not value or not value.isprintable():
         raise InputError(p, f"[gate] {key} = {value!r}: not a usable file name (empty or with control characters)")
-    target = (base / value).resolve()
+    lexical = Path(os.path.abspath(base / value))
+    target = lexical.resolve()
     root = base.resolve()
+    moved = hidden_by_symlink(lexical, target)
+    if moved is not None:  # the config's directory or a parent of the output is a symlink into .git/
+        raise InputError(p, f"[gate] {key} = {value!r} resolves through a symlink into {moved!r} ({target}): outputs "
+                            "a config names never go into .git/, a dot-directory or a dotfile (pass --"
+                            f"{key} on the command line to write there)")
     if target == root or root not in target.parents:
         raise InputError(p, f"[gate] {key} = {value!r} points outside the config's directory {root}; outputs a "
                             f"config names stay inside it (pass --{key} on the command line to write elsewhere)")
@@ -94,20 +102,22 @@ def _output(p: Path, base: Path, key: str, value: str) -> str:
     hidden = next((part for a in anchors for part in target.relative_to(a).parts if part.startswith(".")), None)
     if hidden is not None:  # .git/config, .venv/bin/activate, .pre-commit hooks: never ours to write
         raise InputError(p, f"[gate] {key} = {value!r} lands in {hidden!r}: outputs a config names never go into "
-                            ".git/, a dot-directory or a dotfile (pass --{key} on the command line to write there)")
+                            f".git/, a dot-directory or a dotfile (pass --{key} on the command line to write there)")
     return str(base / value)
 
 
 def _workspace() -> list[Path]:
-    """The checkout a CI job runs in (``GITHUB_WORKSPACE``): dot-directories are judged from
+    """The checkout a CI job runs in (``GITHUB_WORKSPACE``) and the working directory (where
+    a hook or a job runs the gate: the repository root): dot-directories are judged from
     there too, so a config under ``.github/`` cannot write ``.github/workflows/...``."""
-    import os
-
-    w = os.environ.get("GITHUB_WORKSPACE")
-    try:
-        return [Path(w).resolve()] if w else []
-    except OSError:
-        return []
+    out = []
+    for w in (workspace(), Path.cwd()):
+        try:
+            if w is not None:
+                out.append(w.resolve())
+        except OSError:
+            continue
+    return out
 
 
 @dataclass

@@ -19,26 +19,75 @@ ENV_PATH = "CONSISTENCY_RECORD"
 ENV_FORCE = "CONSISTENCY_FORCE"  # "1": the environment recorder may overwrite an existing file
 
 
+_told: set[str] = set()
+
+
+def env_count(name: str) -> int | None:
+    """A whole-number knob from the environment (``CONSISTENCY_RECORD_TOKENS=128``), or None.
+
+    The recorder runs inside the host's forward pass: a value that is not a count
+    (``abc``, ``3.0``, ``-1``) never raises there; it is ignored, said once on stderr."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return None
+    if raw.isascii() and raw.isdigit():
+        return int(raw)
+    if name not in _told:
+        _told.add(name)
+        say(f"{name}={raw[:80]!r} is not a whole number; ignored")
+    return None
+
+
 def say(msg: str) -> None:
     """One line on stderr (the server's log): where the recording goes and why."""
     from consistency.escape import term
 
+    emit(f"consistency: {ENV_PATH}: {term(msg)}")
+
+
+def emit(line: str) -> None:
+    """One line to the host's stderr, never an exception into the host: stderr may be closed
+    at exit, ``None`` (a daemon started with fd 2 closed, ``pythonw``), a broken pipe, or an
+    object of the host's that raises."""
     try:
-        sys.stderr.write(f"consistency: {ENV_PATH}: {term(msg)}\n")
-        sys.stderr.flush()
-    except (OSError, ValueError):  # stderr closed at exit: nothing more we can do
+        err = sys.stderr
+        if err is None:
+            return
+        err.write(line + "\n")
+        err.flush()
+    except Exception:  # noqa: BLE001 - nothing more we can do, and never into the host
         pass
+
+
+NAME_MAX = 255  # bytes in one file name on Linux, macOS and Windows filesystems
+
+
+def _taken(p: Path) -> bool:
+    try:
+        os.lstat(p)
+    except FileNotFoundError:
+        return False
+    except OSError:  # ENAMETOOLONG, ENOTDIR, EACCES: not a name to write either
+        return True
+    return True
+
+
+def _clip(stem: str, room: int) -> str:
+    b = os.fsencode(stem)
+    return stem if len(b) <= room else (b[:max(room, 1)].decode("utf-8", "ignore") or "recording")
 
 
 def sibling(path: Path) -> Path:
     """A fresh name next to ``path``: ``out.safetensors`` -> ``out.20261130T081500-4242.safetensors``
-    (time and pid, so a re-run and a second process never pick the same name)."""
-    suffix = path.suffix or ".safetensors"
+    (time and pid, so a re-run and a second process never pick the same name); a stem too
+    long for one file name is shortened, so that the name can always be created."""
+    suffix = path.suffix if path.suffix and len(path.suffix) <= 16 else ".safetensors"
     stem = path.name[: len(path.name) - len(path.suffix)] if path.suffix else path.name
     stamp = _dt.datetime.now().strftime("%Y%m%dT%H%M%S")
+    stem = _clip(stem, NAME_MAX - len(f".{stamp}-{os.getpid()}-{'x' * 8}{suffix}"))
     for k in range(1000):
         cand = path.with_name(f"{stem}.{stamp}-{os.getpid()}{'' if k == 0 else f'-{k}'}{suffix}")
-        if not cand.exists() and not cand.is_symlink():
+        if not _taken(cand):
             return cand
     return path.with_name(f"{stem}.{stamp}-{os.getpid()}-{os.urandom(4).hex()}{suffix}")
 
@@ -54,6 +103,14 @@ def preflight(rec: Any) -> None:
     """
     if not rec.enabled:
         return
+    try:
+        _preflight(rec)
+    except Exception as exc:  # noqa: BLE001 - never into the host: the write at exit tries every fallback
+        say(f"cannot check {rec.path} now ({type(exc).__name__}: {exc}); the recording will be written at exit "
+            "where it can be")
+
+
+def _preflight(rec: Any) -> None:
     p = rec.path
     from consistency.dump.writer import dump_name_problem
 
@@ -61,6 +118,11 @@ def preflight(rec: Any) -> None:
     if problem:  # x.pt would be refused at exit: keep the name, add the suffix that says what it holds
         p = rec.redirect = p.with_name(p.name + ".safetensors")
         say(f"{rec.path}: {problem.split(';')[0]}; the recording will be written to {p}")
+    if len(os.fsencode(p.name)) > NAME_MAX:  # ENAMETOOLONG at every write: a shorter name beside it
+        rec.redirect = sibling(p)
+        say(f"{p.name[:60]}...: a file name is at most {NAME_MAX} bytes; the recording will be written to "
+            f"{rec.redirect}")
+        p = rec.redirect
     if (p.exists() or p.is_symlink()) and not rec.force:
         if p.is_dir() or (p.exists() and not p.is_file()):
             rec.redirect = sibling(p.parent / (p.name + ".safetensors")) if p.is_dir() else sibling(p)

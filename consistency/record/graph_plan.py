@@ -176,11 +176,9 @@ def trim(buf: Any, sizes: Replay, padded_tokens: int | None, padded_bs: int | No
 
 # -- helpers --------------------------------------------------------------------------------------
 def _say(msg: str) -> None:
-    try:
-        sys.stderr.write(f"consistency: graph-safe capture: {msg}\n")
-        sys.stderr.flush()
-    except (OSError, ValueError):
-        pass
+    from consistency.record.fallback import emit
+
+    emit(f"consistency: graph-safe capture: {msg}")
 
 
 def stream_capturing() -> bool:

@@ -28,6 +28,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from consistency.record import recorder
+from consistency.record.fallback import env_count, say
 from consistency.record.graph_plan import (DEFAULT_BYTES, ENV_BYTES, Budget, Plan, Replay, Session, parse_bytes,
                                           stream_capturing, trim)
 
@@ -48,7 +49,12 @@ _count = [0]  # graphs planned so far: names the unlabelled ones
 def budget() -> Budget:
     global _budget
     if _budget is None:
-        _budget = Budget(parse_bytes(os.environ[ENV_BYTES]) if os.environ.get(ENV_BYTES) else DEFAULT_BYTES)
+        try:  # inside the host's graph capture: a bad value is said once and the default used, never raised
+            limit = parse_bytes(os.environ[ENV_BYTES]) if os.environ.get(ENV_BYTES, "").strip() else DEFAULT_BYTES
+        except ValueError as exc:
+            say(f"{exc}; using the default {DEFAULT_BYTES} bytes")
+            limit = DEFAULT_BYTES
+        _budget = Budget(limit)
     return _budget
 
 
@@ -224,8 +230,8 @@ def drain(plan: Plan, sizes: Replay, rec: Any = None) -> None:
         return
     padded_tokens = sizes.padded_tokens if sizes.padded_tokens is not None else plan.tokens
     padded_bs = sizes.padded_bs if sizes.padded_bs is not None else plan.bs
-    want = os.environ.get(ENV_TOKENS, "").strip()
-    if want.isdigit() and (sizes.real_tokens if sizes.real_tokens is not None else padded_tokens) != int(want):
+    want = env_count(ENV_TOKENS)
+    if want is not None and (sizes.real_tokens if sizes.real_tokens is not None else padded_tokens) != want:
         return
     info = _summary(rec, plan)
     info["replays"] += 1

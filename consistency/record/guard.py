@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 from typing import Any
 
 import numpy as np
@@ -119,8 +118,6 @@ def say(name: object, reason: str, said: int) -> None:
         line = "consistency: further refused captures are not printed; the dump counts them in extra.refused_captures"
     else:
         return
-    try:
-        sys.stderr.write(line + "\n")
-        sys.stderr.flush()
-    except (OSError, ValueError):
-        pass
+    from consistency.record.fallback import emit
+
+    emit(line)

@@ -128,7 +128,10 @@ def patch_class(cls: type) -> type:
                 self.__dict__["_consistency_mtp_hooks"] = install(self)
             except ValueError as exc:  # a release that moved the parts: say so, never stop the server
                 self.__dict__["_consistency_mtp_hooks"] = None
-                sys.stderr.write(f"consistency: {type(self).__name__} not recorded: {exc}\n")
+                from consistency.escape import term
+                from consistency.record.fallback import emit
+
+                emit(f"consistency: {type(self).__name__} not recorded: {term(exc)}")
 
     __init__.__wrapped__ = init  # type: ignore[attr-defined]
     cls.__init__ = __init__  # type: ignore[method-assign]

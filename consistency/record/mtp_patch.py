@@ -32,6 +32,7 @@ from typing import Any
 
 from consistency.dump import names
 from consistency.record import patch, recorder
+from consistency.record.fallback import env_count
 from consistency.record.draft import CONSUMER_KEY, capture_draft_step
 
 ENV_STEPS = "CONSISTENCY_DRAFT_STEPS"
@@ -79,8 +80,8 @@ def _decide(hint: Any, forward_batch: Any, new_target: bool) -> int:
     if new_target or _state.last is None:
         return 0
     k = _state.last + 1
-    bound = os.environ.get(ENV_STEPS, "")
-    return k % int(bound) if bound.isdigit() and int(bound) > 0 else k
+    bound = env_count(ENV_STEPS)
+    return k % bound if bound else k
 
 
 def _begin(hint: Any, input_ids: Any, positions: Any, hidden: Any, embeds: Any, forward_batch: Any,
@@ -98,8 +99,8 @@ def _begin(hint: Any, input_ids: Any, positions: Any, hidden: Any, embeds: Any, 
     if rows == 0 or patch._done():
         return
     if k == 0:
-        want = os.environ.get(patch.ENV_TOKENS, "").strip()
-        _state.chain = not (want.isdigit() and rows != int(want))
+        want = env_count(patch.ENV_TOKENS)
+        _state.chain = not (want is not None and rows != want)
     if not _state.chain:
         return
     _state.step = k

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from consistency.record import graphs, recorder
+from consistency.record.fallback import env_count
 from consistency.record.recorder import ENV_PATH, capture
 from consistency.record.requests import request_keys as request_keys  # re-exported for patch users
 from consistency.record.requests import request_numbers
@@ -70,8 +71,8 @@ def _skip(value: Any) -> bool:
     """Forwards we do not record: other token counts than asked, and CUDA-graph capture."""
     if graphs.capturing():  # graph-safe mode buffers it; ENV_TOKENS is applied to each replay's real rows
         return False
-    want = os.environ.get(ENV_TOKENS)
-    if want and _rows(value) != int(want):
+    want = env_count(ENV_TOKENS)
+    if want is not None and _rows(value) != want:
         return True
     return graphs.stream_capturing()
 
@@ -93,7 +94,7 @@ def _done() -> bool:
 def _finish_forward() -> None:
     """A forward that recorded slots is over: write it now (a server need not exit for it)."""
     rec = _env_recorder()
-    if rec is not None and os.environ.get(ENV_TOKENS) and rec.tensors and rec.written is None:
+    if rec is not None and env_count(ENV_TOKENS) is not None and rec.tensors and rec.written is None:
         rec.save()
 
 
