@@ -136,3 +136,22 @@ def test_png_of_a_300_character_tensor_name_is_written_and_the_verdict_shown(tmp
     assert r.returncode == 1 and r.stdout.startswith("FAIL"), r.stdout + r.stderr
     pngs = sorted(p.name for p in (tmp_path / "png").iterdir())
     assert any(p.startswith("per-token-nnnn") for p in pngs) and all(len(p) < 160 for p in pngs)
+
+
+def test_a_tensor_of_hostile_row_count_is_refused_at_open(tmp_path: Path) -> None:
+    # a deflated 1-D member of 2^25 zeros is a ~130 kB file; compared as 2^25 rows it took GBs
+    bomb = tmp_path / "bomb.npz"
+    np.savez_compressed(bomb, x=np.zeros(1 << 25, np.float32))
+    assert bomb.stat().st_size < 1 << 20
+    ok = tmp_path / "ok.npz"
+    np.savez(ok, x=np.ones(1000, np.float32))
+    r = run_cli("compare", str(bomb), str(bomb))
+    line = _one_line(r)
+    assert "bomb.npz" in line and "33554432 rows" in line and "CONSISTENCY_MAX_ROWS" in line
+    big = tmp_path / "big.npz"
+    np.savez(big, x=np.ones(1001, np.float32))
+    assert "1001 rows" in _one_line(run_cli("compare", str(ok), str(big), env={"CONSISTENCY_MAX_ROWS": "1000"}))
+    r = run_cli("compare", str(ok), str(ok), "--json", "-", env={"CONSISTENCY_MAX_ROWS": "1000"})
+    assert r.returncode != 2, r.stderr  # at the bound: compared
+    r = run_cli("inspect", str(big), env={"CONSISTENCY_MAX_ROWS": "1000"})
+    assert r.returncode == 0 and "big.npz" in r.stdout  # inspect reads any row count (it keeps no per-row state)

@@ -30,7 +30,7 @@ def convert_file(src: str | Path, out: str | Path, layer_ids: list[int] | None =
     check_writable(out_p, force)
     if src_p.exists() and out_p.exists() and src_p.resolve() == out_p.resolve():
         raise UsageError(f"{out_p}: the output would overwrite the input")
-    with open_side(src_p, layer_ids, convention) as d:
+    with open_side(src_p, layer_ids, convention, row_bound=False) as d:
         if d.metadata is None:
             from consistency.dump.sniff import read_names
 

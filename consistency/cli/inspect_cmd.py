@@ -28,7 +28,7 @@ def inspect(dump: str, as_json: bool, layer_ids: str | None, convention: str | N
 
     from consistency.contract.ids import parse_ids
 
-    with open_side(dump, parse_ids(layer_ids), convention) as d:
+    with open_side(dump, parse_ids(layer_ids), convention, row_bound=False) as d:
         tensors = [{"name": n, "dtype": d[n].dtype, "shape": list(d[n].shape)} for n in d.names]
         meta = json.loads(d.metadata.model_dump_json(exclude_none=True)) if d.metadata else None
         if as_json:

@@ -17,12 +17,36 @@ from consistency.dump.reader import Dump
 from consistency.errors import InputError
 
 
-def open_side(spec: str | Path | Dump, layer_ids: Sequence[int] | None = None, convention: str | None = None) -> Dump:
+# compare keeps per-row statistics (~70 bytes a row: a 1-D float32 tensor of 2^24 elements took
+# 1.16 GB RSS), so one tensor of hostile row count (a 2 MB npz whose 1-D member inflates to
+# 2 GiB: 23 GB) is refused at open; 2^24 rows is 16M tokens, or a flattened [T, V] logits of 64
+# tokens over a 262k vocabulary
+MAX_ROWS = 1 << 24  # CONSISTENCY_MAX_ROWS
+
+
+def open_side(spec: str | Path | Dump, layer_ids: Sequence[int] | None = None, convention: str | None = None,
+              row_bound: bool = True) -> Dump:
     """The Dump for ``spec``; foreign training files are mapped onto the dump's names.
     An already opened Dump (e.g. an in-memory :class:`~consistency.dump.memory.MemoryDump`
-    from the Python API) is used as it is."""
+    from the Python API) is used as it is. ``row_bound``: refuse a tensor of more rows than
+    compare and replay keep per-row state for (inspect and convert stream, and read any)."""
     if isinstance(spec, Dump):
         return spec
+    d = _open_side(spec, layer_ids, convention)
+    if not row_bound:
+        return d
+    from consistency.contract.bounds import env_limit
+
+    limit = env_limit("MAX_ROWS", MAX_ROWS)
+    big = next((v for v in d.tensors.values() if v.rows > limit), None)
+    if big is not None:
+        d.close()
+        raise InputError(d.path, f"tensor {big.name[:80]!r} has {big.rows} rows (shape {list(big.shape)}), over the "
+                         f"{limit} compare keeps per-row statistics for (CONSISTENCY_MAX_ROWS)")
+    return d
+
+
+def _open_side(spec: str | Path, layer_ids: Sequence[int] | None, convention: str | None) -> Dump:
     p = Path(spec)
     try:
         p.stat()

@@ -105,7 +105,7 @@ def _from_file(p: Path) -> TrainingInfo:
     if p.suffix.lower() not in CONTRACT_SUFFIXES:
         from consistency.dump.sets import open_side
 
-        with open_side(p) as d:
+        with open_side(p, row_bound=False) as d:
             meta = d.metadata
             fmt = getattr(d, "format", None)
         if meta is None or meta.aux is None or not meta.aux.stream_ids:
