@@ -84,7 +84,7 @@ def _specforge(info: TrainingInfo, ids: list[int] | None, n: int | None, arch: s
         info.streams = readings[0].streams
         narrowed = why is not None and transformers_evidence(stamp)[0] is not None
         info.assumed = f"read as {readings[0].label}" + (f", chosen by {why}" if narrowed else
-                                                          f" (every capture backend gives these streams here"
+                                                          " (every capture backend gives these streams here"
                                                           + (f"; {why})" if why else ")"))
         info.source += f"; {info.assumed}"
     else:

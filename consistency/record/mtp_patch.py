@@ -26,7 +26,6 @@ step 0 has T rows (the prefill) and the later steps of that chain only.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Any
 
