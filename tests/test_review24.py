@@ -308,3 +308,23 @@ def test_offset_other_than_plus_one_is_not_called_the_sglang_plus_one_family(tmp
     assert code == 1 and raised and f"off by {k:+d}" in rep["summary"]
     assert ("the other way round" in rep["summary"]) == (k == -1)
     assert (", the SGLang +1 family)" in rep["summary"]) is False
+
+
+def test_a_pass_on_a_neighbour_closer_than_the_noise_does_not_say_it_holds_the_expected_streams(tmp_path) -> None:
+    """Streams 2->3 and 4->5 differ by less than bf16 noise: a bf16 candidate holding [3, 5]
+    passes (the values cannot tell them apart for a bf16 draft), but the headline must not say
+    the slots hold the streams training expects."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(0)
+    h = [rng.standard_normal((T, H)).astype(np.float32)]
+    for s in range(N):
+        h.append((h[-1] + (0.003 if s in (2, 4) else 0.6) * rng.standard_normal((T, H))).astype(np.float32))
+    ref = {f"hidden.{s}": h[s] for s in range(N + 1)}
+    ref.update({"input_ids": np.arange(T, dtype=np.int64) + 5, "aux.0": h[2], "aux.1": h[4]})
+    _write(tmp_path / "ref.safetensors", ref, "training", aux={"stream_ids": [2, 4]})
+    bf = lambda x: torch.from_numpy(x).to(torch.bfloat16).float().numpy()  # noqa: E731
+    _write(tmp_path / "cand.safetensors", {"aux.0": bf(h[3]), "aux.1": bf(h[5]), "input_ids": ref["input_ids"]},
+           "serving")
+    code, rep, _api, _raised = _all_three(tmp_path / "ref.safetensors", tmp_path / "cand.safetensors")
+    head = rep["summary"]
+    assert "[3, 5]" in head and "cannot tell apart" in head and "as training expects" not in head, head

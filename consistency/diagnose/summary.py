@@ -51,9 +51,14 @@ def _first(first: Finding, errors: list[Finding]) -> str:
     return f"{first.code}: {first.message}{more}"
 
 
-def _held(held: list, slots: list, cand_side: str, ref_side: str) -> str:
+def _held(held: list, slots: list, expected: list, cand_side: str, ref_side: str) -> str:
     """A slot whose values match but whose stream no recorded stream names is verified by value
-    only: the headline says so rather than print it as a known stream."""
+    only: the headline says so rather than print it as a known stream. A slot that passes
+    holding a stream the values cannot tell from the expected one (neighbours closer than the
+    noise) is not said to hold the expected stream."""
+    if None not in held and all(isinstance(h, int) for h in held) and None not in expected and held != expected:
+        return (f"; {cand_side} slots hold streams {story_mod._fmt(held)}, which {ref_side}'s values cannot tell "
+                f"apart within noise from the {story_mod._fmt(expected)} {ref_side} expects")
     if None not in held:
         return f"; {cand_side} slots hold streams {story_mod._fmt(held)} as {ref_side} expects"
     unnamed = [s for s, h in zip(slots, held, strict=True) if h is None]
@@ -69,7 +74,7 @@ def _pass(cmp: Comparison, warnings: list[Finding]) -> str:
     held: list = ["final_norm" if r.holds == names.FINAL_NORM else r.holds_stream for r in slots]
     cand_side, ref_side = cmp.plan.cand.label, cmp.plan.ref.label
     if slots and all(r.status in (Status.ok, Status.drift) and not r.tolerated for r in slots):
-        s += _held(held, [r.slot for r in slots], cand_side, ref_side)
+        s += _held(held, [r.slot for r in slots], [r.expected_stream for r in slots], cand_side, ref_side)
     elif slots:
         unverified = [r.slot for r in slots if r.status not in (Status.ok, Status.drift) or r.tolerated]
         s += f"; {cand_side} slots hold streams {story_mod._fmt(held)}; slot{'s' if len(unverified) != 1 else ''} " \
