@@ -161,7 +161,7 @@ def test_record_api_writes_what_the_recorder_writes(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_replay_api_with_a_path_and_an_in_memory_side(tmp_path: Path) -> None:
+def test_replay_api_with_a_path_and_an_in_memory_side(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The committed tiny draft was trained on streams [0, 3, 7]; a +3 shift costs acceptance.
     An in-memory candidate (written to a temporary dump for the replay) scores the same."""
     from consistency.dump.reader import open_dump
@@ -175,8 +175,12 @@ def test_replay_api_with_a_path_and_an_in_memory_side(tmp_path: Path) -> None:
     assert rep.verdict == "fail" and rep.drop is not None
     with open_dump(serve) as d:
         mem = {n: d[n].read_all() for n in d.names}
+    own_tmp = tmp_path / "tmp"  # this test's own temp dir: other processes' replays leave theirs in /tmp
+    own_tmp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(own_tmp))
     again = consistency.replay(train, mem, draft="tiny-llama-eagle3", target="tiny-llama")
     assert (again.verdict, again.summary, again.drop) == (rep.verdict, rep.summary, rep.drop)
-    assert not list(Path(tempfile.gettempdir()).glob("consistency-*/candidate.safetensors"))  # temporary dump removed
+    assert not list(own_tmp.glob("consistency-*/candidate.safetensors"))  # temporary dump removed
+    assert not list(own_tmp.iterdir())
     with pytest.raises(UsageError, match="max_drop"):
         consistency.replay(train, serve, draft="tiny-llama-eagle3", max_drop=-1)

@@ -171,7 +171,10 @@ def test_bounds_are_enforced_on_real_bombs_and_overridable(tmp_path):
     r = cli("inspect", str(bomb), env={"CONSISTENCY_MAX_INFLATE_BYTES": "lots"})
     assert r.returncode == 2 and "CONSISTENCY_MAX_INFLATE_BYTES" in r.stderr
     runs, rss = _drive(good, [str(bomb)])
-    assert [r["code"] for r in runs] == [1, 0]  # compare: a real finding (shape); inspect: fine
+    assert [r["code"] for r in runs] == [2, 0]  # compare: 64M rows refused at open (CONSISTENCY_MAX_ROWS); inspect: fine
+    assert rss < 400, rss
+    runs, rss = _drive(good, [str(bomb)], env={"CONSISTENCY_MAX_ROWS": str(1 << 27)})
+    assert [r["code"] for r in runs] == [1, 0]  # under a raised row bound, a real finding (shape)
     assert rss < 400, rss  # 256 MiB inflated, never resident
 
 
