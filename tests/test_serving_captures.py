@@ -275,3 +275,32 @@ def test_a_token_no_dp_rank_holds_leads_and_is_no_context_difference(model, tmp_
     (nc,) = _codes(rep)["NOT_CAPTURED"]
     assert nc.metrics["where"] == "middle" and nc.metrics["tokens"] == 1
     assert rep.alignment["compared"] == 31 and not rep.alignment["context_differs"]
+
+
+def test_dp_ranks_declaring_requests_without_positions_stay_apart(model, tmp_path):
+    """Rank 0 holds request A, rank 1 request B (each declared by request + position, no
+    positions tensor, every token owned): the merged rows are two requests, never one
+    sequence; a fault in B's rows is found, not left out as 'decode steps' after A."""
+    import torch
+
+    from consistency.contract.models import DumpMetadata
+    from consistency.record import parallel
+    from consistency.record.hf import capture_streams
+
+    reqs = [prompt_ids(model, 16, seed=13), prompt_ids(model, 16, seed=14)]
+    ref = _ref(model, np.stack(reqs), tmp_path / "ref.safetensors")
+    for r, ids in enumerate(reqs):
+        got, _ = capture_streams(model, torch.as_tensor(ids)[None], components=False)
+        with Recorder(tmp_path / f"dp.rank{r}-of2.safetensors", DumpMetadata(rank=r, world_size=2), force=True) as rec:
+            parallel.declare(dp=(r, 2), requests=[r] * 16, positions=list(range(16)), recorder=rec)
+            rec.capture("input_ids", torch.as_tensor(ids), shard="t[dp]")
+            for i, s in enumerate(SLOTS):
+                x = got[f"hidden.{s}"][0].clone()
+                if r == 1 and i == 2:
+                    x[3] = x[3] * 3 + 1  # request B, position 3
+                rec.capture(f"aux.{i}", x, shard="t[dp]")
+    rep = run(str(ref), str(tmp_path / "dp.safetensors"))
+    assert rep.alignment["compared"] == 32 and not rep.alignment["extra"], rep.alignment
+    (bad,) = _codes(rep)["BAD_TOKENS"]
+    assert rep.verdict == "fail" and bad.severity.value == "error"
+    assert "dp.rank1-of2.safetensors aux.2 row 3" in bad.message, bad.message

@@ -121,11 +121,17 @@ def needs_stitching(d: Dump) -> bool:
     """True when the dump holds ``#k`` captures or layout tensors (positions, request ids),
     or is a data-parallel merge whose ranks declared their tokens."""
     return any(_KEY.match(k) for k in d.tensors) or any(n in d.tensors for n in LAYOUT_NAMES) \
-        or (bool(getattr(d, "token_keys", None)) and _unowned(d))
+        or (bool(getattr(d, "token_keys", None)) and (_unowned(d) or _requests(d) > 1))
 
 
 def _unowned(d: Dump) -> bool:
     return any(f.code == "TOKEN_UNOWNED" for f in getattr(d, "layout_facts", []))
+
+
+def _requests(d: Dump) -> int:
+    """Requests the data-parallel ranks declared their tokens by (0: rows, or no declaration)."""
+    keys = getattr(d, "token_keys", None) or []
+    return len({k[0] for k in keys}) if keys and len(keys[0]) == 2 else 0
 
 
 def layout(d: Dump) -> Layout:
@@ -205,12 +211,13 @@ def _layout_parts(d: Dump, groups: dict, name: str, k: int, per_pass: list[int] 
 
 
 def _from_ownership(d: Dump, per_pass: list[int] | None) -> tuple[list[np.ndarray] | None, list[np.ndarray] | None]:
-    """A data-parallel merge without recorded positions: each rank declared which tokens its
+    """A data-parallel merge without recorded request ids: each rank declared which tokens its
     rows are (request + position, or the row of a one-sequence batch), so a token no rank
-    holds is a gap the positions jump over, not a change of context."""
+    holds is a gap the positions jump over, not a change of context, and the merged rows
+    (sorted by request, then position) are one segment per request, never one sequence."""
     keys = getattr(d, "token_keys", None)
-    if not keys or (per_pass is not None and len(keys) != per_pass[0]) or not _unowned(d):
-        return None, None  # nothing missing: the merged rows are the tokens in order
+    if not keys or (per_pass is not None and len(keys) != per_pass[0]) or not (_unowned(d) or _requests(d) > 1):
+        return None, None  # one sequence, nothing missing: the merged rows are the tokens in order
     if len(keys[0]) == 1:
         return [np.asarray([int(k[0]) for k in keys], np.int64)], None
     reqs = {q: i for i, q in enumerate(dict.fromkeys(k[0] for k in keys))}
