@@ -304,3 +304,38 @@ def test_dp_ranks_declaring_requests_without_positions_stay_apart(model, tmp_pat
     (bad,) = _codes(rep)["BAD_TOKENS"]
     assert rep.verdict == "fail" and bad.severity.value == "error"
     assert "dp.rank1-of2.safetensors aux.2 row 3" in bad.message, bad.message
+
+
+@pytest.mark.parametrize("passes", [1, 2])
+def test_requests_recorded_back_to_back_without_layout_are_each_compared(model, tmp_path, passes):
+    """A capture of two requests with neither request ids nor positions (one pass of A+B, or
+    a pass each): the reference holds them as two requests. B's tokens are B's, not 'decode
+    steps' after A: a fault in B is found. The same tokens run as ONE sequence (B saw A)
+    are a context difference for B's 16 tokens, never a PASS."""
+    import torch
+
+    from consistency.record.hf import capture_streams
+
+    reqs = [prompt_ids(model, 16, seed=13), prompt_ids(model, 16, seed=14)]
+    ref = _ref(model, np.stack(reqs), tmp_path / "ref.safetensors")
+    got = [capture_streams(model, torch.as_tensor(ids)[None], components=False)[0] for ids in reqs]
+    with Recorder(tmp_path / "cand.safetensors", force=True) as rec:
+        parts = [[0, 1]] if passes == 1 else [[0], [1]]
+        for qs in parts:
+            rec.capture("input_ids", torch.as_tensor(np.concatenate([reqs[q] for q in qs])))
+            for i, s in enumerate(SLOTS):
+                x = torch.cat([got[q][f"hidden.{s}"][0] for q in qs]).clone()
+                if i == 2:
+                    x[-13] = x[-13] * 3 + 1  # request B, position 3
+                rec.capture(f"aux.{i}", x)
+    rep = run(str(ref), str(tmp_path / "cand.safetensors"))
+    assert rep.alignment["compared"] == 32 and not rep.alignment["extra"], rep.alignment
+    assert _errors(rep) and _errors(rep)[0].startswith("BAD_TOKENS"), _errors(rep)
+    joined = capture_streams(model, torch.as_tensor(np.concatenate(reqs))[None], components=False)[0]
+    with Recorder(tmp_path / "joined.safetensors", force=True) as rec:
+        rec.capture("input_ids", torch.as_tensor(np.concatenate(reqs)))
+        for i, s in enumerate(SLOTS):
+            rec.capture(f"aux.{i}", joined[f"hidden.{s}"][0])
+    rep = run(str(ref), str(tmp_path / "joined.safetensors"))
+    assert rep.verdict == "fail" and [e.split(":")[0] for e in _errors(rep)] == ["CONTEXT_DIFFERS"], _errors(rep)
+    assert rep.alignment["same_context"] == 16, rep.alignment

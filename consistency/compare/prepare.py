@@ -110,7 +110,8 @@ def context_by_values(al: TokenAlignment, results: Iterable[Any]) -> TokenAlignm
                   cached_by_values=sum(s.length for s in starts), notes=list(al.notes), prefix_values="same")
     shown = ", ".join(sorted({str(r.name) for r in proof})[:4])
     out.notes.append(f"the candidate records no positions; its states equal the reference's at the same tokens "
-                     f"within noise ({shown}), so they saw the same context: a prefix-cache hit")
+                     f"within noise ({shown}), so they saw the same context"
+                     + (": a prefix-cache hit" if starts else " (requests recorded back to back, not one sequence)"))
     return out
 
 

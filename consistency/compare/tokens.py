@@ -127,10 +127,73 @@ class Side:
     positions: np.ndarray | None
     bounds: list[tuple[int, int]]  # [start, stop) rows of each segment
     labels: list[str]
+    split: frozenset[int] = frozenset()  # segments cut from one capture at another request's tokens
+
+
+def split_requests(ref: Side, cand: Side) -> Side:
+    """Cut a candidate segment where its tokens go on as *another* reference request.
+
+    A capture that records neither request ids nor positions (or whose positions run on)
+    is one segment even when it holds several requests back to back. Matched against one
+    reference request, the others' tokens would be left over as "decode steps" and never
+    compared. Where the tokens after (or before) the best match match another reference
+    request of at least MIN_BLOCK tokens, the segment is cut there and each part aligned
+    on its own; the part after a cut, in a capture without positions, has an unproven
+    context (it ran after the part before it, or as a request of its own: the values
+    decide, compare.prepare.context_by_values). With positions, the positions decide."""
+    if len(ref.bounds) < 2:
+        return cand
+    bounds, labels, split = list(cand.bounds), list(cand.labels), set(cand.split)
+    i = 0
+    while i < len(bounds) and len(bounds) <= len(cand.bounds) + len(ref.bounds):
+        c0, c1 = bounds[i]
+        best = _best(ref, cand.ids[c0:c1])
+        cut = None
+        if best is not None:
+            rs, blocks = best
+            lo, hi = blocks[0][1], blocks[-1][1] + blocks[-1][2]
+            rest = [k for k in range(len(ref.bounds)) if k != rs]
+            if c1 - c0 - hi >= MIN_BLOCK and _best(ref, cand.ids[c0 + hi:c1], rest) is not None:
+                cut = c0 + hi
+            elif lo >= MIN_BLOCK and _best(ref, cand.ids[c0:c0 + lo], rest) is not None:
+                cut = c0 + lo
+        if cut is None:
+            i += 1
+            continue
+        bounds[i:i + 1] = [(c0, cut), (cut, c1)]
+        labels[i:i + 1] = [labels[i], f"{labels[i]} (from row {cut})"]
+        split = {k + 1 if k > i else k for k in split} | ({i + 1} if cand.positions is None else set())
+    if len(bounds) == len(cand.bounds):
+        return cand
+    return Side(cand.name, cand.ids, cand.positions, bounds, labels, frozenset(split))
+
+
+def _best(ref: Side, b: np.ndarray, among: list[int] | None = None) -> tuple[int, list] | None:
+    """(reference segment, blocks) that ``b`` matches best, or None."""
+    best: tuple[int, int, list] | None = None
+    for rs in (among if among is not None else range(len(ref.bounds))):
+        r0, r1 = ref.bounds[rs]
+        _method, blocks = match(ref.ids[r0:r1], b)
+        got = sum(n for _i, _j, n in blocks)
+        if got >= min(MIN_BLOCK, len(b)) and got and (best is None or got > best[0]):
+            best = (got, rs, blocks)
+    return (best[1], best[2]) if best is not None else None
 
 
 def align(ref: Side, cand: Side, tokenizer: Any = None) -> TokenAlignment:
-    """Align every candidate segment with the reference segment it matches best."""
+    """Align every candidate segment with the reference segment it matches best; where
+    candidate tokens were left over beside several reference requests, a segment may hold
+    them back to back: it is cut (:func:`split_requests`) and aligned again."""
+    out = _align(ref, cand, tokenizer)
+    left = [sp.length for sp in out.extra] + [r.cand.length for r in out.replaced]
+    if len(ref.bounds) > 1 and any(n >= MIN_BLOCK for n in left):
+        cut = split_requests(ref, cand)
+        if cut is not cand:
+            return _align(ref, cut, tokenizer)
+    return out
+
+
+def _align(ref: Side, cand: Side, tokenizer: Any) -> TokenAlignment:
     rr: list[np.ndarray] = []
     cr: list[np.ndarray] = []
     ctx: list[np.ndarray] = []
@@ -222,9 +285,9 @@ def _pairs(ref: Side, cand: Side, rs: int, cs: int, blocks: list[tuple[int, int,
             pos_c = cand.positions[rows_c] if cand.positions is not None else rows_c - c0
             pr.append(rows_r)
             pc.append(rows_c)
-            d = (pos_r != pos_c) | changed
+            d = (pos_r != pos_c) | changed | (cs in cand.split)
             differs.append(d)
-            unproven.append(d & (unsure and not definite))
+            unproven.append(d & ((unsure or cs in cand.split) and not definite))
         ri, ci = i + n, j + n
     if not pr:
         return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, bool), np.zeros(0, bool)
