@@ -348,3 +348,45 @@ def test_vllm_017_cannot_have_captured_id_0(tmp_path):
     vllm_file(tmp_path / "cmpl-9f2e.safetensors", [1, 6, 10])
     r = run_cli("inspect", str(tmp_path / "cmpl-9f2e.safetensors"), "--layer-ids", "0,6,10", "--convention", "vllm@0.17")
     assert r.returncode == 2 and "which vLLM 0.17 cannot capture" in r.stderr
+
+
+def _restage(src: Path, out: Path, pp: int, vp: int) -> None:
+    """Re-file a PP 1 log as Megatron writes it under pipeline (and virtual pipeline)
+    parallelism: virtual stage c * pp + p holds the next N / (pp * vp) layers, named from 0
+    in its model_chunk{c} (a ModuleList per chunk); the last one holds output_layer."""
+    import re
+
+    e = torch.load(next(src.glob("activations/iter_*/mp_rank_00.pth")), weights_only=True)["model_chunk0"]
+    per = N // (pp * vp)
+    files = {p: {f"model_chunk{c}": {} for c in range(vp)} for p in range(pp)}
+    for k, v in e.items():
+        m = re.match(r"^decoder\.layers\.(\d+)\.(.*)$", k)
+        if m is None:
+            files[pp - 1][f"model_chunk{vp - 1}"][k] = v
+            continue
+        vs, local = divmod(int(m.group(1)), per)
+        files[vs % pp][f"model_chunk{vs // pp}"][f"decoder.layers.{local}.{m.group(2)}"] = v
+    d = out / "activations" / "iter_0000007"
+    d.mkdir(parents=True)
+    for p, obj in files.items():
+        torch.save(obj, d / f"mp_rank_00_{p:03d}.pth")
+
+
+@pytest.mark.parametrize("pp, vp", [(2, 1), (2, 2), (3, 2)])
+def test_megatron_pipeline_stages_name_layers_from_zero(tmp_path, pp, vp):
+    """Each stage (and virtual chunk) names its layers decoder.layers.0..: read by their
+    global numbers, the streams equal the PP 1 log's, and the faults are diagnosed as there."""
+    import numpy as np
+
+    ids = megatron_log(tmp_path / "pp1")
+    _restage(tmp_path / "pp1", tmp_path / "pp", pp, vp)
+    with open_side(tmp_path / "pp1") as one, open_side(tmp_path / "pp") as many:
+        assert f"PP {pp}, streams 0..{N}" in many.metadata.extra["source_format"]["summary"]
+        assert many.metadata.model.num_layers == N
+        for s in range(N + 1):
+            a, b = one[f"hidden.{s}"].rows_float(0, 99, np.float64), many[f"hidden.{s}"].rows_float(0, 99, np.float64)
+            assert np.array_equal(a, b), s
+    for tag, train, sgl_ids, want in FAULTS:
+        rep = run_compare(str(_reference(tmp_path, ids, train, tag)), str(tmp_path / "pp"), cand_layer_ids=sgl_ids,
+                          convention="sglang@0.5.5")
+        _check(rep, want)
