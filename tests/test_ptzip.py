@@ -52,7 +52,8 @@ def _corpus() -> dict:
     out["views"] = {"row_offset": base[2:5], "column_slice": base[:, 3:6], "transposed": base.t(),
                     "strided": base[::2, 1::3], "scalar": base[1, 2], "empty": base[:0]}
     out["nested"] = OrderedDict(a=[torch.arange(4), (torch.ones(2, 2), None)], meta={"dims": "t h # tp:replicated",
-                                                                                    "ids": [1, 2], "x": 1.5})
+                                                                                    "ids": [1, 2], "x": 1.5,
+                                                                                    "raw": b"\x00\xffbytes"})
     return out
 
 
@@ -158,6 +159,17 @@ def _hostile(tmp: Path, marker: Path) -> dict[str, tuple[Path, str]]:
     _patch_pickle(ok, build, lambda d: b"\x80\x02}}X\x01\x00\x00\x00aK\x01sb.")
     cases["BUILD on a container"] = (build, "refused")
     cases["truncated"] = (_truncate(ok, tmp / "trunc.pt"), "")
+    # a second copy of a storage member: torch.load reads the first, a last-wins reader the other
+    dup = tmp / "dup.pt"
+    with zipfile.ZipFile(ok) as zin, zipfile.ZipFile(dup, "w") as zout:
+        for info in zin.infolist():
+            zout.writestr(zipfile.ZipInfo(info.filename), zin.read(info))
+        key = next(n for n in zin.namelist() if "/data/" in n)
+        zout.writestr(zipfile.ZipInfo(key), np.full(12, 99, np.float32).tobytes())
+    cases["duplicate member"] = (dup, "appears twice")
+    enc = tmp / "encode.pt"  # _codecs.encode beyond a latin1 bytes value
+    _patch_pickle(ok, enc, lambda d: b"\x80\x02c_codecs\nencode\nX\x01\x00\x00\x00aX\x05\x00\x00\x00rot13\x86R.")
+    cases["_codecs.encode other than latin1"] = (enc, "latin1")
     return cases
 
 

@@ -6,8 +6,10 @@ a zip holding ``<root>/data.pkl`` (a pickle of the object tree) and one member
 names the globals that rebuild each tensor; loading it with pickle would call whatever it
 names. Here a restricted unpickler maps the few globals a tensor archive needs to our own
 inert functions (``torch._utils._rebuild_tensor_v2``/``_v3``, ``torch.<T>Storage``,
-``torch.storage.UntypedStorage``, a dtype, ``collections.OrderedDict``) and refuses every
-other global with one line naming it, so nothing from the file ever runs. Every size,
+``torch.storage.UntypedStorage``, a dtype, ``collections.OrderedDict``, and
+``_codecs.encode`` for a latin1 bytes value, protocol 2's spelling of ``bytes``) and refuses
+every other global with one line naming it, so nothing from the file ever runs. A zip that
+names a member twice is refused (torch reads one copy, a last-wins reader the other). Every size,
 stride and offset is checked against its storage, and each storage against its member.
 
 A TorchScript archive (``constants.pkl``, ``code/``) is refused outright: ``torch.load``
@@ -220,6 +222,11 @@ def _members(p: Path, z: zipfile.ZipFile) -> tuple[str, dict[str, zipfile.ZipInf
     if len(infos) > MAX_MEMBERS:
         raise InputError(p, f"holds {len(infos)} zip members, over the {MAX_MEMBERS} bound")
     members = {i.filename: i for i in infos}
+    if len(members) != len(infos):
+        names = [i.filename for i in infos]
+        dup = next(n for n in names if names.count(n) > 1)
+        raise InputError(p, f"zip member {dup!r} appears twice: refused (readers disagree on which copy is the "
+                         "archive's; torch.save never writes a name twice)")
     roots = {n.split("/", 1)[0] for n in members}
     pkls = [n for n in members if n.count("/") == 1 and n.endswith("/data.pkl")]
     script = [n for n in members if n.endswith("constants.pkl") or "/code/" in n]
@@ -296,6 +303,8 @@ class _Unpickler(pickle.Unpickler):
             return _DType(dtypes.lookup(name).name)
         if module == "collections" and name == "OrderedDict":
             return OrderedDict
+        if module == "_codecs" and name == "encode":
+            return _latin1  # how protocol 2 pickles bytes (torch.save's default protocol)
         if module == "torch" and (name.endswith("Storage") or name.startswith(("complex", "qint", "quint", "float4"))):
             raise InputError(self.path, f"refused: torch.{name} tensors are not read (dtypes read: "
                              f"{', '.join(dtypes.BY_NAME)})")
@@ -353,6 +362,13 @@ class _Unpickler(pickle.Unpickler):
                              f"{storage.key!r} (out of bounds)")
         self.tensors += 1
         return PtTensor(dtype, shape, strides, storage, offset, self.path)
+
+
+def _latin1(text: Any, encoding: Any = "latin1") -> bytes:
+    """``_codecs.encode(str, 'latin1')``: protocol 2's spelling of a bytes value, and nothing else."""
+    if not isinstance(text, str) or encoding not in ("latin1", "latin-1"):
+        raise pickle.UnpicklingError("_codecs.encode other than a latin1 bytes value")
+    return text.encode("latin1")
 
 
 def _ints(path: Path, value: Any, what: str) -> tuple[int, ...]:
