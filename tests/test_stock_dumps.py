@@ -390,3 +390,21 @@ def test_megatron_pipeline_stages_name_layers_from_zero(tmp_path, pp, vp):
         rep = run_compare(str(_reference(tmp_path, ids, train, tag)), str(tmp_path / "pp"), cand_layer_ids=sgl_ids,
                           convention="sglang@0.5.5")
         _check(rep, want)
+
+
+def test_dumper_runs_mixed_in_one_directory_are_refused_in_one_line(tmp_path):
+    """Files of both eras (a forward_pass_id= file beside step= ones), or a bare value among
+    {value, meta} payloads: two writers in one run, refused with one line naming the files."""
+    dumper_0523(tmp_path / "d", [1, 6, 10])
+    run = tmp_path / "d" / "run1"
+    ids = next(run.glob("step=1___*___name=input_ids___*.pt"))
+    mixed = tmp_path / "mixed"
+    shutil.copytree(run, mixed)
+    shutil.copy(ids, mixed / "forward_pass_id=1___rank=0___name=input_ids___dump_index=0.pt")
+    bare = tmp_path / "bare"
+    shutil.copytree(run, bare)
+    f = next(bare.glob("step=2___*___name=non_intrusive__logits_processor.inputs.4.1___*.pt"))
+    torch.save(torch.load(f, weights_only=True)["value"], f)
+    for d, words in ((mixed, "both dumper eras"), (bare, f"{f.name} holds a bare value")):
+        r = run_cli("inspect", str(d))
+        assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and words in r.stderr, r.stderr
