@@ -71,14 +71,15 @@ def _check(rep, want: str) -> None:  # noqa: ANN001
 
 # -- SGLang --debug-tensor-dump-output-folder --------------------------------------------------------
 
-def tensor_dump(version: str, out: Path, tp: int = 1, target_dir: bool = False) -> torch.Tensor:
+def tensor_dump(version: str, out: Path, tp: int = 1, target_dir: bool = False,
+                layers: list[int] | None = None) -> torch.Tensor:
     hook = _upstream(f"sglang-{version}/sglang/srt/debug_utils/tensor_dump_forward_hook.py")
     fed = None
     for r in range(tp):
         m = sm.SGLangLlama(tiny("tiny-llama").eval())
         with sm.stubbed(sm.sglang_stubs({"sglang.srt.debug_utils.tensor_dump_forward_hook": {}})):
             mod = sm.load_upstream(hook, "sglang.srt.debug_utils.tensor_dump_forward_hook")
-            mod.register_forward_hook_for_model(m, str(out / "target" if target_dir else out), None, tp, r, 0)
+            mod.register_forward_hook_for_model(m, str(out / "target" if target_dir else out), layers, tp, r, 0)
             fed = sm.run_passes(m, _prompt(), [24, 16], 2)  # two prefill chunks, two decode steps
     return fed
 
@@ -408,3 +409,20 @@ def test_dumper_runs_mixed_in_one_directory_are_refused_in_one_line(tmp_path):
     for d, words in ((mixed, "both dumper eras"), (bare, f"{f.name} holds a bare value")):
         r = run_cli("inspect", str(d))
         assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and words in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("version", ["0.5.5", "0.5.23"])
+def test_tensor_dump_of_the_first_layers_does_not_take_them_for_all(tmp_path, version):
+    """--debug-tensor-dump-layers 0 1 2 3 4 dumps those layers and model.norm: layers 0..4
+    are not a 5-layer model. model.norm's residual is stream 12, not 5; stream 5 is layer 4's
+    output (its residual after attention plus its MLP output); the server's ids 0,3,4 are
+    streams [1, 4, 5] (SGLang's +1) and PASS against training's [1, 4, 5]."""
+    fed = tensor_dump(version, tmp_path / "d", layers=[0, 1, 2, 3, 4])
+    with open_side(tmp_path / "d") as d:
+        assert d.metadata.model.num_layers is None
+        assert "streams 0..5" in d.metadata.extra["source_format"]["summary"]
+    rep = run_compare(str(_reference(tmp_path, fed, [1, 4, 5], "sub", post_norm=False)), str(tmp_path / "d"),
+                      cand_layer_ids="0,3,4", convention="sglang@0.5.5")
+    _check(rep, "OK")
+    rep = run_compare(str(_reference(tmp_path, fed, [1, 4, 6], "sub6", post_norm=False)), str(tmp_path / "d"))
+    assert rep.verdict != "pass"
