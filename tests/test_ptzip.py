@@ -143,7 +143,7 @@ def _hostile(tmp: Path, marker: Path) -> dict[str, tuple[Path, str]]:
     cases["out-of-bounds stride"] = (_patch_pickle(ok, tmp / "oob.pt", lambda d: d.replace(
         b"K\x04K\x01\x86", b"K\x09K\x01\x86")), "out of bounds")
     cases["lying size"] = (_patch_pickle(ok, tmp / "lie.pt", lambda d: d.replace(b"K\x0ct", b"K\x30t")), "a lying size")
-    bomb = tmp / "bomb.pt"  # 64 MiB of zeros in 64 KiB, checked against a 1 MB bound (BOMB_ENV)
+    bomb = tmp / "bomb.pt"  # 64 MiB of zeros in 64 KiB, checked against a 4 MB bound (BOMB_ENV)
     with zipfile.ZipFile(bomb, "w") as z:
         z.writestr("bomb/data.pkl", pickle.dumps({"x": 1}) + b"\x00" * (64 << 20), compress_type=zipfile.ZIP_DEFLATED)
     cases["zip bomb"] = (bomb, "over the")
@@ -170,6 +170,14 @@ def _hostile(tmp: Path, marker: Path) -> dict[str, tuple[Path, str]]:
     enc = tmp / "encode.pt"  # _codecs.encode beyond a latin1 bytes value
     _patch_pickle(ok, enc, lambda d: b"\x80\x02c_codecs\nencode\nX\x01\x00\x00\x00aX\x05\x00\x00\x00rot13\x86R.")
     cases["_codecs.encode other than latin1"] = (enc, "latin1")
+    lists = tmp / "lists.pt"  # 2M one-byte opcodes, each an empty list: ~160 MB built from a 2 KB file
+    with zipfile.ZipFile(lists, "w") as z:
+        z.writestr("lists/data.pkl", b"\x80\x02" + b"]" * (2 << 20) + b".", compress_type=zipfile.ZIP_DEFLATED)
+    cases["opcode bomb"] = (lists, "pickle opcodes")
+    memo = tmp / "memo.pt"  # LONG_BINPUT 2**31 - 1: a 16 GiB memo array
+    with zipfile.ZipFile(memo, "w") as z:
+        z.writestr("memo/data.pkl", b"\x80\x02]r\xff\xff\xff\x7f.")
+    cases["memo index bomb"] = (memo, "memo entry 2147483647")
     return cases
 
 
@@ -179,11 +187,12 @@ def _truncate(src: Path, dst: Path) -> Path:
     return dst
 
 
-BOMB_ENV = {"CONSISTENCY_MAX_PICKLE_BYTES": "1000000"}
+BOMB_ENV = {"CONSISTENCY_MAX_PICKLE_BYTES": "4000000", "CONSISTENCY_MAX_PICKLE_OPS": "1000000"}
 
 
 def test_hostile_archives_are_refused_with_one_line_and_nothing_runs(tmp_path, monkeypatch):
-    monkeypatch.setenv(*next(iter(BOMB_ENV.items())))
+    for k, v in BOMB_ENV.items():
+        monkeypatch.setenv(k, v)
     marker = tmp_path / "PWNED"
     cases = _hostile(tmp_path, marker)
     for what, (p, words) in cases.items():
@@ -195,7 +204,7 @@ def test_hostile_archives_are_refused_with_one_line_and_nothing_runs(tmp_path, m
         assert "\n" not in line and str(p) in line and words in line, (what, line)
     assert not marker.exists()
     # the same through the CLI, in a fresh interpreter: exit 2, one line on stderr, nothing written
-    for what in ("__reduce__ payload", "TorchScript", "out-of-bounds stride", "zip bomb"):
+    for what in ("__reduce__ payload", "TorchScript", "out-of-bounds stride", "zip bomb", "memo index bomb"):
         p = cases[what][0]
         r = cli("inspect", str(p), env=BOMB_ENV)
         assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, (what, r.stderr)

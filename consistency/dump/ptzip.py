@@ -41,6 +41,7 @@ from consistency.errors import InputError
 
 MAX_PICKLE = 256 * 1024 * 1024  # CONSISTENCY_MAX_PICKLE_BYTES: data.pkl of a dump is kilobytes
 MAX_MEMBERS = 1_000_000
+MAX_OPS = 10_000_000  # CONSISTENCY_MAX_PICKLE_OPS: 100,000 tensors take ~3M; each opcode builds at most one object
 MAX_DIMS = 64
 MAX_IN_MEMORY = 1 << 30  # CONSISTENCY_MAX_VIEW_BYTES: non-contiguous views are copied into memory
 ZIP_MAGIC = b"PK\x03\x04"
@@ -193,6 +194,7 @@ def open_archive(path: str | Path) -> Archive:
                 root, members = _members(p, z)
                 storages = _storages(p, z, fh, root, members, size)
                 data = _pickle_bytes(p, z, members[f"{root}/data.pkl"])
+        _scan(p, data)
         un = _Unpickler(p, io.BytesIO(data), storages)
         try:
             obj = un.load()
@@ -280,6 +282,26 @@ def _pickle_bytes(p: Path, z: zipfile.ZipFile, info: zipfile.ZipInfo) -> bytes:
     if len(data) > limit:
         raise InputError(p, f"data.pkl inflates past {limit} bytes: refused (zip bomb)")
     return data
+
+
+def _scan(p: Path, data: bytes) -> None:
+    """Bound what the unpickler builds before it runs: one opcode, one object (``]``: ~80 bytes,
+    so a kilobyte of deflated ``]`` is gigabytes); a memo index is an array size (``LONG_BINPUT
+    2**31``: 16 GiB). Opcodes are counted (:data:`MAX_OPS`) and a memo index may not exceed
+    the opcodes before it (a pickler numbers from 0). Nothing is built here."""
+    import pickletools
+
+    limit = env_limit("MAX_PICKLE_OPS", MAX_OPS)
+    try:
+        for n, (op, arg, _pos) in enumerate(pickletools.genops(data)):
+            if n >= limit:
+                raise InputError(p, f"data.pkl holds more than {limit} pickle opcodes: refused (a tensor archive's "
+                                 "pickle is small; CONSISTENCY_MAX_PICKLE_OPS)")
+            if op.name in ("BINPUT", "LONG_BINPUT", "PUT") and not (isinstance(arg, int) and 0 <= arg <= n):
+                raise InputError(p, f"data.pkl puts memo entry {arg!r} after {n} opcodes: refused (a pickler numbers "
+                                 "its memo from 0)")
+    except (ValueError, TypeError, EOFError, UnicodeDecodeError) as exc:
+        raise InputError(p, f"refused: data.pkl is not a well-formed pickle ({str(exc)[:160]})") from None
 
 
 class _Unpickler(pickle.Unpickler):
