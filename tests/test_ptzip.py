@@ -181,6 +181,13 @@ def _hostile(tmp: Path, marker: Path) -> dict[str, tuple[Path, str]]:
     return cases
 
 
+def test_two_tensors_flattening_to_one_name_are_refused(tmp_path):
+    p = tmp_path / "clash.pt"
+    torch.save({"hidden.3": torch.zeros(2, 4), "hidden": {"3": torch.ones(2, 4)}}, p)
+    r = run_cli("inspect", str(p))
+    assert r.returncode == 2 and "flatten to the name 'hidden.3'" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
 def _truncate(src: Path, dst: Path) -> Path:
     data = src.read_bytes()
     dst.write_bytes(data[: len(data) // 2])
