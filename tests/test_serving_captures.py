@@ -148,6 +148,28 @@ def test_a_prefix_cache_hit_passes_with_or_without_positions(model, tmp_path, wi
     assert rep.alignment["not_captured"] == 30 and rep.alignment["cached_by_values"] == (0 if with_positions else 30)
 
 
+@pytest.mark.parametrize("with_positions", [True, False])
+def test_a_prefix_cache_hit_given_as_the_reference_passes_too(model, tmp_path, with_positions):
+    """Arguments swapped: the serving capture (a prefix-cache hit) is the reference, training
+    the candidate. The candidate's first 30 tokens were in the reference's context (its
+    positions start after them, or its values equal training's): the same verdict as the
+    other way round, never CONTEXT_DIFFERS; a prompt really cut short still is one."""
+    ids = prompt_ids(model, 48, seed=8)
+    train = _ref(model, ids, tmp_path / "train.safetensors")
+    hit = _suffix(model, ids, 30, tmp_path / "hit.safetensors")
+    cut = _ref(model, ids[30:], tmp_path / "cut.safetensors")
+    if not with_positions:
+        hit = drop_layout(hit)
+    rep = run(str(hit), str(train))
+    assert rep.verdict == "pass", _errors(rep)
+    (f,) = _codes(rep)["NOT_CAPTURED"]
+    assert f.severity.value == "info" and "a prefix-cache hit: the first 30 tokens were not recomputed" in f.message
+    assert [(s["start"], s["stop"]) for s in rep.alignment["reference_not_captured_spans"]] == [(0, 30)]
+    assert "TOKENS_EXTRA" not in _codes(rep)
+    rep = run(str(cut), str(train))
+    assert rep.verdict == "fail" and rep.summary.startswith("CONTEXT_DIFFERS"), _errors(rep)
+
+
 def test_a_prompt_cut_short_without_positions_is_a_context_difference(model, tmp_path):
     """The same suffix computed without its prefix: the values differ as a different context
     makes them (every state moved), so it is not a prefix-cache hit."""

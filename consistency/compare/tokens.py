@@ -78,6 +78,7 @@ class TokenAlignment:
     not_captured: int = 0  # reference tokens the candidate had in its context but did not record
     uncaptured: list[Span] = field(default_factory=list)  # those tokens: a prefix cache, a gap its positions jump
     cached_by_values: int = 0  # of them, tokens only the values proved cached (a capture without positions)
+    ref_uncaptured: list[Span] = field(default_factory=list)  # candidate tokens in the reference's context, not recorded
     prefix_values: str = ""  # unproven contexts after the values were read: "same", "differ" ("": not read)
     stitching: dict[str, Any] = field(default_factory=dict)  # side -> what stitching did (verify passes)
     notes: list[str] = field(default_factory=list)
@@ -103,6 +104,7 @@ class TokenAlignment:
                 "context_differs": self.context_differs, "not_captured": self.not_captured,
                 "not_captured_spans": [_span_json(s) for s in self.uncaptured],
                 "cached_by_values": self.cached_by_values,
+                "reference_not_captured_spans": [_span_json(s) for s in self.ref_uncaptured],
                 "ids_checked": self.ids_checked, "notes": list(self.notes),
                 "extra": [_span_json(s) for s in self.extra], "missing": [_span_json(s) for s in self.missing],
                 "replaced": [{"where": r.where, "reference": _span_json(r.ref), "candidate": _span_json(r.cand)}
@@ -245,13 +247,14 @@ def _pairs(ref: Side, cand: Side, rs: int, cs: int, blocks: list[tuple[int, int,
     Reference tokens the candidate lacks do not change the candidate's context when its own
     positions say it had them (they continue across the gap): a prefix cache, a token held
     by another data-parallel rank, a pass not captured. Without candidate positions, a
-    missing prefix is unproven: the values decide (compare.prepare.context_by_values)."""
+    missing prefix is unproven: the values decide (compare.prepare.context_by_values). The
+    same holds the other way round (a serving capture given as the reference)."""
     r0, r1 = ref.bounds[rs]
     c0, c1 = cand.bounds[cs]
     pr, pc, differs, unproven = [], [], [], []
     ri, ci = 0, 0  # next unconsumed token in each segment
     changed = False  # an insertion/deletion/replacement inside the captured tokens so far
-    unsure = False  # tokens in front only the reference has, and no candidate positions to tell
+    unsure = False  # tokens in front only one side has, and no positions on the other side to tell
     definite = False  # a change the values cannot undo (tokens the candidate has and the reference lacks, ...)
     for k, (i, j, n) in enumerate(blocks + [(r1 - r0, c1 - c0, 0)]):
         first, last = k == 0, n == 0
@@ -275,9 +278,16 @@ def _pairs(ref: Side, cand: Side, rs: int, cs: int, blocks: list[tuple[int, int,
                 changed = changed or not last  # tokens before the next aligned ones differ
                 definite = definite or not last
         elif cand_gap is not None:
-            out.extra.append(cand_gap)
-            changed = changed or not last
-            definite = definite or not last
+            if first and not last and ref.positions is not None and _pos(ref, r0, rs) > 0 and \
+                    _pos(ref, r0, rs) == _pos(cand, c0 + j, cs):
+                out.ref_uncaptured.append(cand_gap)  # the reference's positions start after these: it had them
+            elif first and not last and ref.positions is None:
+                out.extra.append(cand_gap)
+                changed, unsure = True, True  # the reference's prefix cache, or a template: the values tell
+            else:
+                out.extra.append(cand_gap)
+                changed = changed or not last
+                definite = definite or not last
         if n:
             rows_r = np.arange(r0 + i, r0 + i + n)
             rows_c = np.arange(c0 + j, c0 + j + n)
