@@ -426,3 +426,32 @@ def test_tensor_dump_of_the_first_layers_does_not_take_them_for_all(tmp_path, ve
     _check(rep, "OK")
     rep = run_compare(str(_reference(tmp_path, fed, [1, 4, 6], "sub6", post_norm=False)), str(tmp_path / "d"))
     assert rep.verdict != "pass"
+
+
+def test_megatron_last_stream_adds_the_biases_the_linears_return(tmp_path):
+    """With add_bias_linear, TE's linear_proj/linear_fc2 return (output, bias): the bias [h]
+    is not in output0. Stream N is the last layer's input plus both outputs and both biases;
+    without a linear_fc2 output (an MoE layer) stream N is not formed at all."""
+    import numpy as np
+
+    megatron_log(tmp_path / "a")
+    f = next((tmp_path / "a").glob("activations/iter_*/mp_rank_00.pth"))
+    obj = torch.load(f, weights_only=True)
+    e = obj["model_chunk0"]
+    last = f"decoder.layers.{N - 1}"
+    g = torch.Generator().manual_seed(3)
+    for mod in ("self_attention.linear_proj", "mlp.linear_fc2"):
+        b = torch.randn(e[f"{last}.{mod}/output0"].shape[-1], generator=g)
+        e[f"{last}.{mod}/output0"] = e[f"{last}.{mod}/output0"] - b  # what the linear returns beside its bias
+        e[f"{last}.{mod}/output1"] = b
+    out = tmp_path / "b" / "activations" / "iter_0000007"
+    out.mkdir(parents=True)
+    torch.save(obj, out / "mp_rank_00.pth")
+    with open_side(tmp_path / "a") as one, open_side(tmp_path / "b") as bias:
+        want = one[f"hidden.{N}"].rows_float(0, 99, np.float64)
+        got = bias[f"hidden.{N}"].rows_float(0, 99, np.float64)
+        assert np.abs(got - want).max() < 1e-5 * np.abs(want).max()
+    del e[f"{last}.mlp.linear_fc2/output0"], e[f"{last}.mlp.linear_fc2/output1"]
+    torch.save(obj, out / "mp_rank_00.pth")
+    with open_side(tmp_path / "b") as moe:
+        assert f"hidden.{N}" not in moe.tensors and "final_norm" in moe.tensors

@@ -149,8 +149,14 @@ def _rank_pass(p: Path, a: ptzip.Archive, chunks: list[tuple[int, dict[str, Any]
         keys = [f"{last}.self_attention.linear_qkv/input0", f"{last}.self_attention.linear_proj/output0",
                 f"{last}.self_attention.linear_proj/output1", f"{last}.mlp.linear_fc2/output0",
                 f"{last}.mlp.linear_fc2/output1"]
-        parts = [_sbh(p, k, e[k], a.fd, k) for k in keys if isinstance(e.get(k), ptzip.PtTensor) and len(e[k].shape) == 3]
-        if len(parts) >= 3:
+        have = [k for k in keys if isinstance(e.get(k), ptzip.PtTensor) and len(e[k].shape) == 3]
+        if all(keys[i] in have for i in (0, 1, 3)):  # the input, attention's and the MLP's outputs (an MoE has none)
+            parts = [_sbh(p, k, e[k], a.fd, k) for k in have]
+            for k in (keys[2], keys[4]):  # a returned bias [h] (add_bias_linear): added to every row
+                b = e.get(k)
+                if isinstance(b, ptzip.PtTensor) and b.shape == (parts[0].cols,):
+                    rows = np.broadcast_to(b.read(a.fd).reshape(1, -1), parts[0].shape)
+                    parts.append(memory_view(k, rows, b.dtype, p))
             pas.put(names.hidden(n_layers), stock.SumView.of(names.hidden(n_layers), parts),
                     f"megatron {last}: linear_qkv/input0 + linear_proj/output + linear_fc2/output (final_layernorm "
                     "is not hooked)")
