@@ -178,6 +178,9 @@ def _hostile(tmp: Path, marker: Path) -> dict[str, tuple[Path, str]]:
     with zipfile.ZipFile(memo, "w") as z:
         z.writestr("memo/data.pkl", b"\x80\x02]r\xff\xff\xff\x7f.")
     cases["memo index bomb"] = (memo, "memo entry 2147483647")
+    for tag, mark in (("big", b"big"), ("padded", b"big" + b" " * 30)):  # torch.load refuses all but little/big
+        cases[f"byteorder {tag}"] = (_rezip(ok, tmp / f"order_{tag}.pt", lambda n, d, m=mark: (
+            n, m if n.endswith("/byteorder") else d, zipfile.ZIP_STORED)), "byteorder b'big")
     return cases
 
 

@@ -12,12 +12,10 @@ every other global with one line naming it, so nothing from the file ever runs. 
 names a member twice is refused (torch reads one copy, a last-wins reader the other). Every size,
 stride and offset is checked against its storage, and each storage against its member.
 
-A TorchScript archive (``constants.pkl``, ``code/``) is refused outright: ``torch.load``
-used to hand those to ``torch.jit.load`` even with ``weights_only=True`` (CVE-2025-32434,
-fixed in torch 2.6.0). Storage members must be stored, not deflated (torch never
-compresses them), which leaves no room for a zip bomb; ``data.pkl`` may be deflated, up
-to :data:`MAX_PICKLE` bytes. Works with torch absent (the light install).
-"""
+A TorchScript archive (``constants.pkl``, ``code/``) is refused outright (``torch.load`` used
+to hand it to ``torch.jit.load`` even with ``weights_only=True``: CVE-2025-32434). Storages
+must be stored, not deflated (torch never compresses them); ``data.pkl`` may be deflated, up to
+:data:`MAX_PICKLE` bytes and :data:`MAX_OPS` opcodes. Works with torch absent."""
 
 from __future__ import annotations
 
@@ -240,8 +238,10 @@ def _members(p: Path, z: zipfile.ZipFile) -> tuple[str, dict[str, zipfile.ZipInf
                          f"(found {len(pkls)} data.pkl, {len(roots)} roots)")
     root = pkls[0].split("/", 1)[0]
     order = members.get(f"{root}/byteorder")
-    if order is not None and order.file_size <= 16 and z.read(order).strip() not in (b"little", b""):
-        raise InputError(p, "a big-endian torch archive: refused (little-endian storages only)")
+    with (z.open(order) if order is not None else io.BytesIO(b"little")) as f:
+        got = f.read(17)
+    if got != b"little":  # torch.load itself refuses anything but "little" / "big"
+        raise InputError(p, f"byteorder {got[:16]!r}: refused (little-endian storages only; a big-endian archive)")
     return root, members
 
 
