@@ -44,7 +44,8 @@ MAX_REQUEST_PAIRS = 65_536  # every candidate request is tried against every ref
 def _side(label: str, lay: Layout) -> Side | None:
     if lay.ids is None:
         return None
-    return Side(label, lay.ids, lay.positions, lay.bounds(), [s.request for s in lay.segments])
+    return Side(label, lay.ids, lay.positions, lay.bounds(), [s.request for s in lay.segments],
+                declared=lay.declared)
 
 
 def prepare(ref: Dump, cand: Dump, tokenizer: Any = None, *,
@@ -112,10 +113,9 @@ def context_by_values(al: TokenAlignment, results: Iterable[Any]) -> TokenAlignm
                   cached_by_values=sum(s.length for s in starts + fronts), notes=list(al.notes), prefix_values="same")
     shown = ", ".join(sorted({str(r.name) for r in proof})[:4])
     who = "reference" if fronts and not starts else "candidate"
-    out.notes.append(f"the {who} records no positions; its states equal the other side's at the same tokens "
+    out.notes.append(f"the {who} records no positions (or only declares them); its states equal the other side's at the same tokens "
                      f"within noise ({shown}), so they saw the same context"
-                     + (": a prefix-cache hit" if starts or fronts else " (requests recorded back to back, not one "
-                        "sequence)"))
+                     + (": a prefix-cache hit" if starts or fronts else ""))
     return out
 
 

@@ -130,6 +130,7 @@ class Side:
     bounds: list[tuple[int, int]]  # [start, stop) rows of each segment
     labels: list[str]
     split: frozenset[int] = frozenset()  # segments cut from one capture at another request's tokens
+    declared: bool = False  # positions declared (DP ownership), not recorded: where they differ, the values decide
 
 
 def split_requests(ref: Side, cand: Side) -> Side:
@@ -167,7 +168,7 @@ def split_requests(ref: Side, cand: Side) -> Side:
         split = {k + 1 if k > i else k for k in split} | ({i + 1} if cand.positions is None else set())
     if len(bounds) == len(cand.bounds):
         return cand
-    return Side(cand.name, cand.ids, cand.positions, bounds, labels, frozenset(split))
+    return Side(cand.name, cand.ids, cand.positions, bounds, labels, frozenset(split), cand.declared)
 
 
 def _best(ref: Side, b: np.ndarray, among: list[int] | None = None) -> tuple[int, list] | None:
@@ -270,7 +271,7 @@ def _pairs(ref: Side, cand: Side, rs: int, cs: int, blocks: list[tuple[int, int,
                     (not first or _pos(cand, c0, cs) > 0):
                 out.not_captured += ref_gap.length  # the candidate's positions continue across: it had these
                 out.uncaptured.append(ref_gap)
-            elif first and j == 0 and cand.positions is None:
+            elif first and j == 0 and (cand.positions is None or cand.declared):
                 out.missing.append(ref_gap)
                 changed, unsure = True, True  # a prefix cache or a truncated prompt: the values tell
             else:
@@ -295,9 +296,11 @@ def _pairs(ref: Side, cand: Side, rs: int, cs: int, blocks: list[tuple[int, int,
             pos_c = cand.positions[rows_c] if cand.positions is not None else rows_c - c0
             pr.append(rows_r)
             pc.append(rows_c)
-            d = (pos_r != pos_c) | changed | (cs in cand.split)
+            moved = pos_r != pos_c
+            d = moved | changed | (cs in cand.split)
             differs.append(d)
-            unproven.append(d & ((unsure or cs in cand.split) and not definite))
+            claim = (ref.declared or cand.declared) and not definite  # declared positions: a claim the values test
+            unproven.append(d & (((unsure or cs in cand.split) and not definite) | (moved & claim & (not changed))))
         ri, ci = i + n, j + n
     if not pr:
         return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, bool), np.zeros(0, bool)

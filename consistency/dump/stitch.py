@@ -67,6 +67,7 @@ class Layout:
     notes: list[str] = field(default_factory=list)
     verify: Verify = field(default_factory=Verify)  # what verify passes superseded (dump.segments)
     pass_positions: list[np.ndarray] | None = None  # each pass's positions as recorded (naming rows)
+    declared: bool = False  # the positions are the DP ranks' declaration, not recorded: the values may overrule them
 
     def response(self) -> np.ndarray | None:
         """Per stitched row: True from its request's first decode or verify pass on (what a
@@ -153,11 +154,13 @@ def layout(d: Dump) -> Layout:
         if k == 1 and len(ids_caps[0][1].shape) == 2 and ids_caps[0][1].shape[0] > 1:
             batch_rows = ids_caps[0][1].shape[1]
     pos_parts = _layout_parts(d, groups, POSITIONS, k, per_pass)
+    declared = False  # positions from the ranks' ownership declaration, not a recorded tensor: a claim
     if per_pass is None and pos_parts is not None:
         per_pass = [len(p) for p in pos_parts]
     req_parts = _layout_parts(d, groups, REQUEST_IDS, k, per_pass)
     if req_parts is None and k == 1:
         own_pos, req_parts = _from_ownership(d, per_pass)
+        declared = pos_parts is None and own_pos is not None
         pos_parts = pos_parts if pos_parts is not None else own_pos
     if per_pass is None:
         per_pass = _rows_per_pass(d, groups, k)
@@ -192,7 +195,7 @@ def layout(d: Dump) -> Layout:
     if pos_parts is None and batch_rows:
         pos_parts = [np.tile(np.arange(batch_rows, dtype=np.int64), total // batch_rows)]
     return Layout(k, source, segs, per_pass, ids, pos if (pos_parts is not None or batch_rows) else None, notes,
-                  verify, pos_parts)
+                  verify, pos_parts, declared)
 
 
 def _layout_parts(d: Dump, groups: dict, name: str, k: int, per_pass: list[int] | None) -> list[np.ndarray] | None:
