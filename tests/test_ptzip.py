@@ -52,7 +52,8 @@ def _corpus() -> dict:
     out["views"] = {"row_offset": base[2:5], "column_slice": base[:, 3:6], "transposed": base.t(),
                     "strided": base[::2, 1::3], "scalar": base[1, 2], "empty": base[:0]}
     out["nested"] = OrderedDict(a=[torch.arange(4), (torch.ones(2, 2), None)], meta={"dims": "t h # tp:replicated",
-                                                                                    "ids": [1, 2], "x": 1.5})
+                                                                                    "ids": [1, 2], "x": 1.5,
+                                                                                    "raw": b"\x00\xffbytes"})
     return out
 
 
@@ -142,7 +143,7 @@ def _hostile(tmp: Path, marker: Path) -> dict[str, tuple[Path, str]]:
     cases["out-of-bounds stride"] = (_patch_pickle(ok, tmp / "oob.pt", lambda d: d.replace(
         b"K\x04K\x01\x86", b"K\x09K\x01\x86")), "out of bounds")
     cases["lying size"] = (_patch_pickle(ok, tmp / "lie.pt", lambda d: d.replace(b"K\x0ct", b"K\x30t")), "a lying size")
-    bomb = tmp / "bomb.pt"  # 64 MiB of zeros in 64 KiB, checked against a 1 MB bound (BOMB_ENV)
+    bomb = tmp / "bomb.pt"  # 64 MiB of zeros in 64 KiB, checked against a 4 MB bound (BOMB_ENV)
     with zipfile.ZipFile(bomb, "w") as z:
         z.writestr("bomb/data.pkl", pickle.dumps({"x": 1}) + b"\x00" * (64 << 20), compress_type=zipfile.ZIP_DEFLATED)
     cases["zip bomb"] = (bomb, "over the")
@@ -158,7 +159,36 @@ def _hostile(tmp: Path, marker: Path) -> dict[str, tuple[Path, str]]:
     _patch_pickle(ok, build, lambda d: b"\x80\x02}}X\x01\x00\x00\x00aK\x01sb.")
     cases["BUILD on a container"] = (build, "refused")
     cases["truncated"] = (_truncate(ok, tmp / "trunc.pt"), "")
+    # a second copy of a storage member: torch.load reads the first, a last-wins reader the other
+    dup = tmp / "dup.pt"
+    with zipfile.ZipFile(ok) as zin, zipfile.ZipFile(dup, "w") as zout:
+        for info in zin.infolist():
+            zout.writestr(zipfile.ZipInfo(info.filename), zin.read(info))
+        key = next(n for n in zin.namelist() if "/data/" in n)
+        zout.writestr(zipfile.ZipInfo(key), np.full(12, 99, np.float32).tobytes())
+    cases["duplicate member"] = (dup, "appears twice")
+    enc = tmp / "encode.pt"  # _codecs.encode beyond a latin1 bytes value
+    _patch_pickle(ok, enc, lambda d: b"\x80\x02c_codecs\nencode\nX\x01\x00\x00\x00aX\x05\x00\x00\x00rot13\x86R.")
+    cases["_codecs.encode other than latin1"] = (enc, "latin1")
+    lists = tmp / "lists.pt"  # 2M one-byte opcodes, each an empty list: ~160 MB built from a 2 KB file
+    with zipfile.ZipFile(lists, "w") as z:
+        z.writestr("lists/data.pkl", b"\x80\x02" + b"]" * (2 << 20) + b".", compress_type=zipfile.ZIP_DEFLATED)
+    cases["opcode bomb"] = (lists, "pickle opcodes")
+    memo = tmp / "memo.pt"  # LONG_BINPUT 2**31 - 1: a 16 GiB memo array
+    with zipfile.ZipFile(memo, "w") as z:
+        z.writestr("memo/data.pkl", b"\x80\x02]r\xff\xff\xff\x7f.")
+    cases["memo index bomb"] = (memo, "memo entry 2147483647")
+    for tag, mark in (("big", b"big"), ("padded", b"big" + b" " * 30)):  # torch.load refuses all but little/big
+        cases[f"byteorder {tag}"] = (_rezip(ok, tmp / f"order_{tag}.pt", lambda n, d, m=mark: (
+            n, m if n.endswith("/byteorder") else d, zipfile.ZIP_STORED)), "byteorder b'big")
     return cases
+
+
+def test_two_tensors_flattening_to_one_name_are_refused(tmp_path):
+    p = tmp_path / "clash.pt"
+    torch.save({"hidden.3": torch.zeros(2, 4), "hidden": {"3": torch.ones(2, 4)}}, p)
+    r = run_cli("inspect", str(p))
+    assert r.returncode == 2 and "flatten to the name 'hidden.3'" in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
 
 def _truncate(src: Path, dst: Path) -> Path:
@@ -167,11 +197,12 @@ def _truncate(src: Path, dst: Path) -> Path:
     return dst
 
 
-BOMB_ENV = {"CONSISTENCY_MAX_PICKLE_BYTES": "1000000"}
+BOMB_ENV = {"CONSISTENCY_MAX_PICKLE_BYTES": "4000000", "CONSISTENCY_MAX_PICKLE_OPS": "1000000"}
 
 
 def test_hostile_archives_are_refused_with_one_line_and_nothing_runs(tmp_path, monkeypatch):
-    monkeypatch.setenv(*next(iter(BOMB_ENV.items())))
+    for k, v in BOMB_ENV.items():
+        monkeypatch.setenv(k, v)
     marker = tmp_path / "PWNED"
     cases = _hostile(tmp_path, marker)
     for what, (p, words) in cases.items():
@@ -183,7 +214,7 @@ def test_hostile_archives_are_refused_with_one_line_and_nothing_runs(tmp_path, m
         assert "\n" not in line and str(p) in line and words in line, (what, line)
     assert not marker.exists()
     # the same through the CLI, in a fresh interpreter: exit 2, one line on stderr, nothing written
-    for what in ("__reduce__ payload", "TorchScript", "out-of-bounds stride", "zip bomb"):
+    for what in ("__reduce__ payload", "TorchScript", "out-of-bounds stride", "zip bomb", "memo index bomb"):
         p = cases[what][0]
         r = cli("inspect", str(p), env=BOMB_ENV)
         assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, (what, r.stderr)

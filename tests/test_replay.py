@@ -245,3 +245,25 @@ def test_fixture_trains_in_minutes_and_meets_the_bar(tmp_path: Path) -> None:
     held = extra["held_out"]
     assert held["train_streams"]["top1"] > 0.6
     assert held["train_streams"]["top1"] - held["shifted_streams"]["top1"] > 0.3
+
+
+def test_a_loss_mask_too_small_to_resolve_the_limit_does_not_decide(dumps: dict[str, Path], tmp_path: Path) -> None:
+    """A loss mask marking one scoreable position (one token = 100 points) cannot tell a drop
+    from none: the verdict takes the larger of the drafted and all-position drops, so the
+    seed's shifted streams still fail (on that one position both sides missed: 'no drop', a
+    PASS). A mask marking only the last token (no label) scores every position."""
+    with open_dump(dumps["ref"]) as d:
+        arrs = {n: (d[n].read_all(), d[n].dtype) for n in d.tensors}
+        meta = d.metadata.model_copy(deep=True)
+    t = len(arrs["input_ids"][0].reshape(-1))
+    for tag, marked in (("one", [1]), ("last", [t - 1])):
+        mask = np.zeros(t, np.int64)
+        mask[marked] = 1
+        write_dump(tmp_path / f"ref_{tag}.safetensors", {**arrs, "loss_mask": (mask, "int64")}, meta, force=True)
+        rep = run_replay(_draft(), _target(), tmp_path / f"ref_{tag}.safetensors", dumps["shifted"], steps=3)
+        assert rep.verdict == "fail", rep.summary
+        if tag == "one":
+            assert any("the verdict takes the larger of the drafted and the all-position drops" in n
+                       for n in rep.notes), rep.notes
+        else:
+            assert rep.reference.scored_on == "all", rep.reference.scored_on

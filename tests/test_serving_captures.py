@@ -148,6 +148,28 @@ def test_a_prefix_cache_hit_passes_with_or_without_positions(model, tmp_path, wi
     assert rep.alignment["not_captured"] == 30 and rep.alignment["cached_by_values"] == (0 if with_positions else 30)
 
 
+@pytest.mark.parametrize("with_positions", [True, False])
+def test_a_prefix_cache_hit_given_as_the_reference_passes_too(model, tmp_path, with_positions):
+    """Arguments swapped: the serving capture (a prefix-cache hit) is the reference, training
+    the candidate. The candidate's first 30 tokens were in the reference's context (its
+    positions start after them, or its values equal training's): the same verdict as the
+    other way round, never CONTEXT_DIFFERS; a prompt really cut short still is one."""
+    ids = prompt_ids(model, 48, seed=8)
+    train = _ref(model, ids, tmp_path / "train.safetensors")
+    hit = _suffix(model, ids, 30, tmp_path / "hit.safetensors")
+    cut = _ref(model, ids[30:], tmp_path / "cut.safetensors")
+    if not with_positions:
+        hit = drop_layout(hit)
+    rep = run(str(hit), str(train))
+    assert rep.verdict == "pass", _errors(rep)
+    (f,) = _codes(rep)["NOT_CAPTURED"]
+    assert f.severity.value == "info" and "a prefix-cache hit: the first 30 tokens were not recomputed" in f.message
+    assert [(s["start"], s["stop"]) for s in rep.alignment["reference_not_captured_spans"]] == [(0, 30)]
+    assert "TOKENS_EXTRA" not in _codes(rep)
+    rep = run(str(cut), str(train))
+    assert rep.verdict == "fail" and rep.summary.startswith("CONTEXT_DIFFERS"), _errors(rep)
+
+
 def test_a_prompt_cut_short_without_positions_is_a_context_difference(model, tmp_path):
     """The same suffix computed without its prefix: the values differ as a different context
     makes them (every state moved), so it is not a prefix-cache hit."""
@@ -275,3 +297,67 @@ def test_a_token_no_dp_rank_holds_leads_and_is_no_context_difference(model, tmp_
     (nc,) = _codes(rep)["NOT_CAPTURED"]
     assert nc.metrics["where"] == "middle" and nc.metrics["tokens"] == 1
     assert rep.alignment["compared"] == 31 and not rep.alignment["context_differs"]
+
+
+def test_dp_ranks_declaring_requests_without_positions_stay_apart(model, tmp_path):
+    """Rank 0 holds request A, rank 1 request B (each declared by request + position, no
+    positions tensor, every token owned): the merged rows are two requests, never one
+    sequence; a fault in B's rows is found, not left out as 'decode steps' after A."""
+    import torch
+
+    from consistency.contract.models import DumpMetadata
+    from consistency.record import parallel
+    from consistency.record.hf import capture_streams
+
+    reqs = [prompt_ids(model, 16, seed=13), prompt_ids(model, 16, seed=14)]
+    ref = _ref(model, np.stack(reqs), tmp_path / "ref.safetensors")
+    for r, ids in enumerate(reqs):
+        got, _ = capture_streams(model, torch.as_tensor(ids)[None], components=False)
+        with Recorder(tmp_path / f"dp.rank{r}-of2.safetensors", DumpMetadata(rank=r, world_size=2), force=True) as rec:
+            parallel.declare(dp=(r, 2), requests=[r] * 16, positions=list(range(16)), recorder=rec)
+            rec.capture("input_ids", torch.as_tensor(ids), shard="t[dp]")
+            for i, s in enumerate(SLOTS):
+                x = got[f"hidden.{s}"][0].clone()
+                if r == 1 and i == 2:
+                    x[3] = x[3] * 3 + 1  # request B, position 3
+                rec.capture(f"aux.{i}", x, shard="t[dp]")
+    rep = run(str(ref), str(tmp_path / "dp.safetensors"))
+    assert rep.alignment["compared"] == 32 and not rep.alignment["extra"], rep.alignment
+    (bad,) = _codes(rep)["BAD_TOKENS"]
+    assert rep.verdict == "fail" and bad.severity.value == "error"
+    assert "dp.rank1-of2.safetensors aux.2 row 3" in bad.message, bad.message
+
+
+@pytest.mark.parametrize("passes", [1, 2])
+def test_requests_recorded_back_to_back_without_layout_are_each_compared(model, tmp_path, passes):
+    """A capture of two requests with neither request ids nor positions (one pass of A+B, or
+    a pass each): the reference holds them as two requests. B's tokens are B's, not 'decode
+    steps' after A: a fault in B is found. The same tokens run as ONE sequence (B saw A)
+    are a context difference for B's 16 tokens, never a PASS."""
+    import torch
+
+    from consistency.record.hf import capture_streams
+
+    reqs = [prompt_ids(model, 16, seed=13), prompt_ids(model, 16, seed=14)]
+    ref = _ref(model, np.stack(reqs), tmp_path / "ref.safetensors")
+    got = [capture_streams(model, torch.as_tensor(ids)[None], components=False)[0] for ids in reqs]
+    with Recorder(tmp_path / "cand.safetensors", force=True) as rec:
+        parts = [[0, 1]] if passes == 1 else [[0], [1]]
+        for qs in parts:
+            rec.capture("input_ids", torch.as_tensor(np.concatenate([reqs[q] for q in qs])))
+            for i, s in enumerate(SLOTS):
+                x = torch.cat([got[q][f"hidden.{s}"][0] for q in qs]).clone()
+                if i == 2:
+                    x[-13] = x[-13] * 3 + 1  # request B, position 3
+                rec.capture(f"aux.{i}", x)
+    rep = run(str(ref), str(tmp_path / "cand.safetensors"))
+    assert rep.alignment["compared"] == 32 and not rep.alignment["extra"], rep.alignment
+    assert _errors(rep) and _errors(rep)[0].startswith("BAD_TOKENS"), _errors(rep)
+    joined = capture_streams(model, torch.as_tensor(np.concatenate(reqs))[None], components=False)[0]
+    with Recorder(tmp_path / "joined.safetensors", force=True) as rec:
+        rec.capture("input_ids", torch.as_tensor(np.concatenate(reqs)))
+        for i, s in enumerate(SLOTS):
+            rec.capture(f"aux.{i}", joined[f"hidden.{s}"][0])
+    rep = run(str(ref), str(tmp_path / "joined.safetensors"))
+    assert rep.verdict == "fail" and [e.split(":")[0] for e in _errors(rep)] == ["CONTEXT_DIFFERS"], _errors(rep)
+    assert rep.alignment["same_context"] == 16, rep.alignment

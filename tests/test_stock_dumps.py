@@ -71,14 +71,15 @@ def _check(rep, want: str) -> None:  # noqa: ANN001
 
 # -- SGLang --debug-tensor-dump-output-folder --------------------------------------------------------
 
-def tensor_dump(version: str, out: Path, tp: int = 1, target_dir: bool = False) -> torch.Tensor:
+def tensor_dump(version: str, out: Path, tp: int = 1, target_dir: bool = False,
+                layers: list[int] | None = None) -> torch.Tensor:
     hook = _upstream(f"sglang-{version}/sglang/srt/debug_utils/tensor_dump_forward_hook.py")
     fed = None
     for r in range(tp):
         m = sm.SGLangLlama(tiny("tiny-llama").eval())
         with sm.stubbed(sm.sglang_stubs({"sglang.srt.debug_utils.tensor_dump_forward_hook": {}})):
             mod = sm.load_upstream(hook, "sglang.srt.debug_utils.tensor_dump_forward_hook")
-            mod.register_forward_hook_for_model(m, str(out / "target" if target_dir else out), None, tp, r, 0)
+            mod.register_forward_hook_for_model(m, str(out / "target" if target_dir else out), layers, tp, r, 0)
             fed = sm.run_passes(m, _prompt(), [24, 16], 2)  # two prefill chunks, two decode steps
     return fed
 
@@ -348,3 +349,109 @@ def test_vllm_017_cannot_have_captured_id_0(tmp_path):
     vllm_file(tmp_path / "cmpl-9f2e.safetensors", [1, 6, 10])
     r = run_cli("inspect", str(tmp_path / "cmpl-9f2e.safetensors"), "--layer-ids", "0,6,10", "--convention", "vllm@0.17")
     assert r.returncode == 2 and "which vLLM 0.17 cannot capture" in r.stderr
+
+
+def _restage(src: Path, out: Path, pp: int, vp: int) -> None:
+    """Re-file a PP 1 log as Megatron writes it under pipeline (and virtual pipeline)
+    parallelism: virtual stage c * pp + p holds the next N / (pp * vp) layers, named from 0
+    in its model_chunk{c} (a ModuleList per chunk); the last one holds output_layer."""
+    import re
+
+    e = torch.load(next(src.glob("activations/iter_*/mp_rank_00.pth")), weights_only=True)["model_chunk0"]
+    per = N // (pp * vp)
+    files = {p: {f"model_chunk{c}": {} for c in range(vp)} for p in range(pp)}
+    for k, v in e.items():
+        m = re.match(r"^decoder\.layers\.(\d+)\.(.*)$", k)
+        if m is None:
+            files[pp - 1][f"model_chunk{vp - 1}"][k] = v
+            continue
+        vs, local = divmod(int(m.group(1)), per)
+        files[vs % pp][f"model_chunk{vs // pp}"][f"decoder.layers.{local}.{m.group(2)}"] = v
+    d = out / "activations" / "iter_0000007"
+    d.mkdir(parents=True)
+    for p, obj in files.items():
+        torch.save(obj, d / f"mp_rank_00_{p:03d}.pth")
+
+
+@pytest.mark.parametrize("pp, vp", [(2, 1), (2, 2), (3, 2)])
+def test_megatron_pipeline_stages_name_layers_from_zero(tmp_path, pp, vp):
+    """Each stage (and virtual chunk) names its layers decoder.layers.0..: read by their
+    global numbers, the streams equal the PP 1 log's, and the faults are diagnosed as there."""
+    import numpy as np
+
+    ids = megatron_log(tmp_path / "pp1")
+    _restage(tmp_path / "pp1", tmp_path / "pp", pp, vp)
+    with open_side(tmp_path / "pp1") as one, open_side(tmp_path / "pp") as many:
+        assert f"PP {pp}, streams 0..{N}" in many.metadata.extra["source_format"]["summary"]
+        assert many.metadata.model.num_layers == N
+        for s in range(N + 1):
+            a, b = one[f"hidden.{s}"].rows_float(0, 99, np.float64), many[f"hidden.{s}"].rows_float(0, 99, np.float64)
+            assert np.array_equal(a, b), s
+    for tag, train, sgl_ids, want in FAULTS:
+        rep = run_compare(str(_reference(tmp_path, ids, train, tag)), str(tmp_path / "pp"), cand_layer_ids=sgl_ids,
+                          convention="sglang@0.5.5")
+        _check(rep, want)
+
+
+def test_dumper_runs_mixed_in_one_directory_are_refused_in_one_line(tmp_path):
+    """Files of both eras (a forward_pass_id= file beside step= ones), or a bare value among
+    {value, meta} payloads: two writers in one run, refused with one line naming the files."""
+    dumper_0523(tmp_path / "d", [1, 6, 10])
+    run = tmp_path / "d" / "run1"
+    ids = next(run.glob("step=1___*___name=input_ids___*.pt"))
+    mixed = tmp_path / "mixed"
+    shutil.copytree(run, mixed)
+    shutil.copy(ids, mixed / "forward_pass_id=1___rank=0___name=input_ids___dump_index=0.pt")
+    bare = tmp_path / "bare"
+    shutil.copytree(run, bare)
+    f = next(bare.glob("step=2___*___name=non_intrusive__logits_processor.inputs.4.1___*.pt"))
+    torch.save(torch.load(f, weights_only=True)["value"], f)
+    for d, words in ((mixed, "both dumper eras"), (bare, f"{f.name} holds a bare value")):
+        r = run_cli("inspect", str(d))
+        assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and words in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("version", ["0.5.5", "0.5.23"])
+def test_tensor_dump_of_the_first_layers_does_not_take_them_for_all(tmp_path, version):
+    """--debug-tensor-dump-layers 0 1 2 3 4 dumps those layers and model.norm: layers 0..4
+    are not a 5-layer model. model.norm's residual is stream 12, not 5; stream 5 is layer 4's
+    output (its residual after attention plus its MLP output); the server's ids 0,3,4 are
+    streams [1, 4, 5] (SGLang's +1) and PASS against training's [1, 4, 5]."""
+    fed = tensor_dump(version, tmp_path / "d", layers=[0, 1, 2, 3, 4])
+    with open_side(tmp_path / "d") as d:
+        assert d.metadata.model.num_layers is None
+        assert "streams 0..5" in d.metadata.extra["source_format"]["summary"]
+    rep = run_compare(str(_reference(tmp_path, fed, [1, 4, 5], "sub", post_norm=False)), str(tmp_path / "d"),
+                      cand_layer_ids="0,3,4", convention="sglang@0.5.5")
+    _check(rep, "OK")
+    rep = run_compare(str(_reference(tmp_path, fed, [1, 4, 6], "sub6", post_norm=False)), str(tmp_path / "d"))
+    assert rep.verdict != "pass"
+
+
+def test_megatron_last_stream_adds_the_biases_the_linears_return(tmp_path):
+    """With add_bias_linear, TE's linear_proj/linear_fc2 return (output, bias): the bias [h]
+    is not in output0. Stream N is the last layer's input plus both outputs and both biases;
+    without a linear_fc2 output (an MoE layer) stream N is not formed at all."""
+    import numpy as np
+
+    megatron_log(tmp_path / "a")
+    f = next((tmp_path / "a").glob("activations/iter_*/mp_rank_00.pth"))
+    obj = torch.load(f, weights_only=True)
+    e = obj["model_chunk0"]
+    last = f"decoder.layers.{N - 1}"
+    g = torch.Generator().manual_seed(3)
+    for mod in ("self_attention.linear_proj", "mlp.linear_fc2"):
+        b = torch.randn(e[f"{last}.{mod}/output0"].shape[-1], generator=g)
+        e[f"{last}.{mod}/output0"] = e[f"{last}.{mod}/output0"] - b  # what the linear returns beside its bias
+        e[f"{last}.{mod}/output1"] = b
+    out = tmp_path / "b" / "activations" / "iter_0000007"
+    out.mkdir(parents=True)
+    torch.save(obj, out / "mp_rank_00.pth")
+    with open_side(tmp_path / "a") as one, open_side(tmp_path / "b") as bias:
+        want = one[f"hidden.{N}"].rows_float(0, 99, np.float64)
+        got = bias[f"hidden.{N}"].rows_float(0, 99, np.float64)
+        assert np.abs(got - want).max() < 1e-5 * np.abs(want).max()
+    del e[f"{last}.mlp.linear_fc2/output0"], e[f"{last}.mlp.linear_fc2/output1"]
+    torch.save(obj, out / "mp_rank_00.pth")
+    with open_side(tmp_path / "b") as moe:
+        assert f"hidden.{N}" not in moe.tensors and "final_norm" in moe.tensors

@@ -44,7 +44,8 @@ MAX_REQUEST_PAIRS = 65_536  # every candidate request is tried against every ref
 def _side(label: str, lay: Layout) -> Side | None:
     if lay.ids is None:
         return None
-    return Side(label, lay.ids, lay.positions, lay.bounds(), [s.request for s in lay.segments])
+    return Side(label, lay.ids, lay.positions, lay.bounds(), [s.request for s in lay.segments],
+                declared=lay.declared)
 
 
 def prepare(ref: Dump, cand: Dump, tokenizer: Any = None, *,
@@ -104,13 +105,17 @@ def context_by_values(al: TokenAlignment, results: Iterable[Any]) -> TokenAlignm
         read = any(r.status in CHECKED and r.holds_stream != 0 and r.cand.is_float for r in results)
         return replace(al, prefix_values="differ") if read else al
     starts = [s for s in al.missing if s.where in ("start", "whole")]
+    fronts = [s for s in al.extra if s.where == "start"]  # the reference lacks them (it is the serving capture)
     out = replace(al, context=al.context & ~unknown, unknown=np.zeros_like(unknown),
                   missing=[s for s in al.missing if s not in starts], uncaptured=al.uncaptured + starts,
                   not_captured=al.not_captured + sum(s.length for s in starts),
-                  cached_by_values=sum(s.length for s in starts), notes=list(al.notes), prefix_values="same")
+                  extra=[s for s in al.extra if s not in fronts], ref_uncaptured=al.ref_uncaptured + fronts,
+                  cached_by_values=sum(s.length for s in starts + fronts), notes=list(al.notes), prefix_values="same")
     shown = ", ".join(sorted({str(r.name) for r in proof})[:4])
-    out.notes.append(f"the candidate records no positions; its states equal the reference's at the same tokens "
-                     f"within noise ({shown}), so they saw the same context: a prefix-cache hit")
+    who = "reference" if fronts and not starts else "candidate"
+    out.notes.append(f"the {who} records no positions (or only declares them); its states equal the other side's at the same tokens "
+                     f"within noise ({shown}), so they saw the same context"
+                     + (": a prefix-cache hit" if starts or fronts else ""))
     return out
 
 

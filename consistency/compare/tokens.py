@@ -78,6 +78,7 @@ class TokenAlignment:
     not_captured: int = 0  # reference tokens the candidate had in its context but did not record
     uncaptured: list[Span] = field(default_factory=list)  # those tokens: a prefix cache, a gap its positions jump
     cached_by_values: int = 0  # of them, tokens only the values proved cached (a capture without positions)
+    ref_uncaptured: list[Span] = field(default_factory=list)  # candidate tokens in the reference's context, not recorded
     prefix_values: str = ""  # unproven contexts after the values were read: "same", "differ" ("": not read)
     stitching: dict[str, Any] = field(default_factory=dict)  # side -> what stitching did (verify passes)
     notes: list[str] = field(default_factory=list)
@@ -103,6 +104,7 @@ class TokenAlignment:
                 "context_differs": self.context_differs, "not_captured": self.not_captured,
                 "not_captured_spans": [_span_json(s) for s in self.uncaptured],
                 "cached_by_values": self.cached_by_values,
+                "reference_not_captured_spans": [_span_json(s) for s in self.ref_uncaptured],
                 "ids_checked": self.ids_checked, "notes": list(self.notes),
                 "extra": [_span_json(s) for s in self.extra], "missing": [_span_json(s) for s in self.missing],
                 "replaced": [{"where": r.where, "reference": _span_json(r.ref), "candidate": _span_json(r.cand)}
@@ -127,10 +129,74 @@ class Side:
     positions: np.ndarray | None
     bounds: list[tuple[int, int]]  # [start, stop) rows of each segment
     labels: list[str]
+    split: frozenset[int] = frozenset()  # segments cut from one capture at another request's tokens
+    declared: bool = False  # positions declared (DP ownership), not recorded: where they differ, the values decide
+
+
+def split_requests(ref: Side, cand: Side) -> Side:
+    """Cut a candidate segment where its tokens go on as *another* reference request.
+
+    A capture that records neither request ids nor positions (or whose positions run on)
+    is one segment even when it holds several requests back to back. Matched against one
+    reference request, the others' tokens would be left over as "decode steps" and never
+    compared. Where the tokens after (or before) the best match match another reference
+    request of at least MIN_BLOCK tokens, the segment is cut there and each part aligned
+    on its own; the part after a cut, in a capture without positions, has an unproven
+    context (it ran after the part before it, or as a request of its own: the values
+    decide, compare.prepare.context_by_values). With positions, the positions decide."""
+    if len(ref.bounds) < 2:
+        return cand
+    bounds, labels, split = list(cand.bounds), list(cand.labels), set(cand.split)
+    i = 0
+    while i < len(bounds) and len(bounds) <= len(cand.bounds) + len(ref.bounds):
+        c0, c1 = bounds[i]
+        best = _best(ref, cand.ids[c0:c1])
+        cut = None
+        if best is not None:
+            rs, blocks = best
+            lo, hi = blocks[0][1], blocks[-1][1] + blocks[-1][2]
+            rest = [k for k in range(len(ref.bounds)) if k != rs]
+            if c1 - c0 - hi >= MIN_BLOCK and _best(ref, cand.ids[c0 + hi:c1], rest) is not None:
+                cut = c0 + hi
+            elif lo >= MIN_BLOCK and _best(ref, cand.ids[c0:c0 + lo], rest) is not None:
+                cut = c0 + lo
+        if cut is None:
+            i += 1
+            continue
+        bounds[i:i + 1] = [(c0, cut), (cut, c1)]
+        labels[i:i + 1] = [labels[i], f"{labels[i]} (from row {cut})"]
+        split = {k + 1 if k > i else k for k in split} | ({i + 1} if cand.positions is None else set())
+    if len(bounds) == len(cand.bounds):
+        return cand
+    return Side(cand.name, cand.ids, cand.positions, bounds, labels, frozenset(split), cand.declared)
+
+
+def _best(ref: Side, b: np.ndarray, among: list[int] | None = None) -> tuple[int, list] | None:
+    """(reference segment, blocks) that ``b`` matches best, or None."""
+    best: tuple[int, int, list] | None = None
+    for rs in (among if among is not None else range(len(ref.bounds))):
+        r0, r1 = ref.bounds[rs]
+        _method, blocks = match(ref.ids[r0:r1], b)
+        got = sum(n for _i, _j, n in blocks)
+        if got >= min(MIN_BLOCK, len(b)) and got and (best is None or got > best[0]):
+            best = (got, rs, blocks)
+    return (best[1], best[2]) if best is not None else None
 
 
 def align(ref: Side, cand: Side, tokenizer: Any = None) -> TokenAlignment:
-    """Align every candidate segment with the reference segment it matches best."""
+    """Align every candidate segment with the reference segment it matches best; where
+    candidate tokens were left over beside several reference requests, a segment may hold
+    them back to back: it is cut (:func:`split_requests`) and aligned again."""
+    out = _align(ref, cand, tokenizer)
+    left = [sp.length for sp in out.extra] + [r.cand.length for r in out.replaced]
+    if len(ref.bounds) > 1 and any(n >= MIN_BLOCK for n in left):
+        cut = split_requests(ref, cand)
+        if cut is not cand:
+            return _align(ref, cut, tokenizer)
+    return out
+
+
+def _align(ref: Side, cand: Side, tokenizer: Any) -> TokenAlignment:
     rr: list[np.ndarray] = []
     cr: list[np.ndarray] = []
     ctx: list[np.ndarray] = []
@@ -182,13 +248,14 @@ def _pairs(ref: Side, cand: Side, rs: int, cs: int, blocks: list[tuple[int, int,
     Reference tokens the candidate lacks do not change the candidate's context when its own
     positions say it had them (they continue across the gap): a prefix cache, a token held
     by another data-parallel rank, a pass not captured. Without candidate positions, a
-    missing prefix is unproven: the values decide (compare.prepare.context_by_values)."""
+    missing prefix is unproven: the values decide (compare.prepare.context_by_values). The
+    same holds the other way round (a serving capture given as the reference)."""
     r0, r1 = ref.bounds[rs]
     c0, c1 = cand.bounds[cs]
     pr, pc, differs, unproven = [], [], [], []
     ri, ci = 0, 0  # next unconsumed token in each segment
     changed = False  # an insertion/deletion/replacement inside the captured tokens so far
-    unsure = False  # tokens in front only the reference has, and no candidate positions to tell
+    unsure = False  # tokens in front only one side has, and no positions on the other side to tell
     definite = False  # a change the values cannot undo (tokens the candidate has and the reference lacks, ...)
     for k, (i, j, n) in enumerate(blocks + [(r1 - r0, c1 - c0, 0)]):
         first, last = k == 0, n == 0
@@ -204,7 +271,7 @@ def _pairs(ref: Side, cand: Side, rs: int, cs: int, blocks: list[tuple[int, int,
                     (not first or _pos(cand, c0, cs) > 0):
                 out.not_captured += ref_gap.length  # the candidate's positions continue across: it had these
                 out.uncaptured.append(ref_gap)
-            elif first and j == 0 and cand.positions is None:
+            elif first and j == 0 and (cand.positions is None or cand.declared):
                 out.missing.append(ref_gap)
                 changed, unsure = True, True  # a prefix cache or a truncated prompt: the values tell
             else:
@@ -212,9 +279,16 @@ def _pairs(ref: Side, cand: Side, rs: int, cs: int, blocks: list[tuple[int, int,
                 changed = changed or not last  # tokens before the next aligned ones differ
                 definite = definite or not last
         elif cand_gap is not None:
-            out.extra.append(cand_gap)
-            changed = changed or not last
-            definite = definite or not last
+            if first and not last and ref.positions is not None and _pos(ref, r0, rs) > 0 and \
+                    _pos(ref, r0, rs) == _pos(cand, c0 + j, cs):
+                out.ref_uncaptured.append(cand_gap)  # the reference's positions start after these: it had them
+            elif first and not last and ref.positions is None:
+                out.extra.append(cand_gap)
+                changed, unsure = True, True  # the reference's prefix cache, or a template: the values tell
+            else:
+                out.extra.append(cand_gap)
+                changed = changed or not last
+                definite = definite or not last
         if n:
             rows_r = np.arange(r0 + i, r0 + i + n)
             rows_c = np.arange(c0 + j, c0 + j + n)
@@ -222,9 +296,11 @@ def _pairs(ref: Side, cand: Side, rs: int, cs: int, blocks: list[tuple[int, int,
             pos_c = cand.positions[rows_c] if cand.positions is not None else rows_c - c0
             pr.append(rows_r)
             pc.append(rows_c)
-            d = (pos_r != pos_c) | changed
+            moved = pos_r != pos_c
+            d = moved | changed | (cs in cand.split)
             differs.append(d)
-            unproven.append(d & (unsure and not definite))
+            claim = (ref.declared or cand.declared) and not definite  # declared positions: a claim the values test
+            unproven.append(d & (((unsure or cs in cand.split) and not definite) | (moved & claim & (not changed))))
         ri, ci = i + n, j + n
     if not pr:
         return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, bool), np.zeros(0, bool)

@@ -57,6 +57,8 @@ def findings(al: TokenAlignment, rlabel: str, clabel: str, tokenizer: Any = None
         out.append(_replaced(rep, rlabel, clabel))
     for sp in al.uncaptured:
         out.append(_uncaptured(sp, rlabel, clabel, al))
+    for sp in al.ref_uncaptured:  # the reference is the serving capture: the same, the other way round
+        out.append(_uncaptured(sp, clabel, rlabel, al))
     if al.context_differs:
         n = int(al.context.sum())
         lead = next((f"{clabel} has {_count(s.length, 'extra')} at the start" for s in al.extra if s.where == "start"), None) \

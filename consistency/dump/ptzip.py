@@ -6,16 +6,16 @@ a zip holding ``<root>/data.pkl`` (a pickle of the object tree) and one member
 names the globals that rebuild each tensor; loading it with pickle would call whatever it
 names. Here a restricted unpickler maps the few globals a tensor archive needs to our own
 inert functions (``torch._utils._rebuild_tensor_v2``/``_v3``, ``torch.<T>Storage``,
-``torch.storage.UntypedStorage``, a dtype, ``collections.OrderedDict``) and refuses every
-other global with one line naming it, so nothing from the file ever runs. Every size,
+``torch.storage.UntypedStorage``, a dtype, ``collections.OrderedDict``, and
+``_codecs.encode`` for a latin1 bytes value, protocol 2's spelling of ``bytes``) and refuses
+every other global with one line naming it, so nothing from the file ever runs. A zip that
+names a member twice is refused (torch reads one copy, a last-wins reader the other). Every size,
 stride and offset is checked against its storage, and each storage against its member.
 
-A TorchScript archive (``constants.pkl``, ``code/``) is refused outright: ``torch.load``
-used to hand those to ``torch.jit.load`` even with ``weights_only=True`` (CVE-2025-32434,
-fixed in torch 2.6.0). Storage members must be stored, not deflated (torch never
-compresses them), which leaves no room for a zip bomb; ``data.pkl`` may be deflated, up
-to :data:`MAX_PICKLE` bytes. Works with torch absent (the light install).
-"""
+A TorchScript archive (``constants.pkl``, ``code/``) is refused outright (``torch.load`` used
+to hand it to ``torch.jit.load`` even with ``weights_only=True``: CVE-2025-32434). Storages
+must be stored, not deflated (torch never compresses them); ``data.pkl`` may be deflated, up to
+:data:`MAX_PICKLE` bytes and :data:`MAX_OPS` opcodes. Works with torch absent."""
 
 from __future__ import annotations
 
@@ -39,6 +39,7 @@ from consistency.errors import InputError
 
 MAX_PICKLE = 256 * 1024 * 1024  # CONSISTENCY_MAX_PICKLE_BYTES: data.pkl of a dump is kilobytes
 MAX_MEMBERS = 1_000_000
+MAX_OPS = 10_000_000  # CONSISTENCY_MAX_PICKLE_OPS: 100,000 tensors take ~3M; each opcode builds at most one object
 MAX_DIMS = 64
 MAX_IN_MEMORY = 1 << 30  # CONSISTENCY_MAX_VIEW_BYTES: non-contiguous views are copied into memory
 ZIP_MAGIC = b"PK\x03\x04"
@@ -191,6 +192,7 @@ def open_archive(path: str | Path) -> Archive:
                 root, members = _members(p, z)
                 storages = _storages(p, z, fh, root, members, size)
                 data = _pickle_bytes(p, z, members[f"{root}/data.pkl"])
+        _scan(p, data)
         un = _Unpickler(p, io.BytesIO(data), storages)
         try:
             obj = un.load()
@@ -220,6 +222,11 @@ def _members(p: Path, z: zipfile.ZipFile) -> tuple[str, dict[str, zipfile.ZipInf
     if len(infos) > MAX_MEMBERS:
         raise InputError(p, f"holds {len(infos)} zip members, over the {MAX_MEMBERS} bound")
     members = {i.filename: i for i in infos}
+    if len(members) != len(infos):
+        names = [i.filename for i in infos]
+        dup = next(n for n in names if names.count(n) > 1)
+        raise InputError(p, f"zip member {dup!r} appears twice: refused (readers disagree on which copy is the "
+                         "archive's; torch.save never writes a name twice)")
     roots = {n.split("/", 1)[0] for n in members}
     pkls = [n for n in members if n.count("/") == 1 and n.endswith("/data.pkl")]
     script = [n for n in members if n.endswith("constants.pkl") or "/code/" in n]
@@ -231,8 +238,10 @@ def _members(p: Path, z: zipfile.ZipFile) -> tuple[str, dict[str, zipfile.ZipInf
                          f"(found {len(pkls)} data.pkl, {len(roots)} roots)")
     root = pkls[0].split("/", 1)[0]
     order = members.get(f"{root}/byteorder")
-    if order is not None and order.file_size <= 16 and z.read(order).strip() not in (b"little", b""):
-        raise InputError(p, "a big-endian torch archive: refused (little-endian storages only)")
+    with (z.open(order) if order is not None else io.BytesIO(b"little")) as f:
+        got = f.read(17)
+    if got != b"little":  # torch.load itself refuses anything but "little" / "big"
+        raise InputError(p, f"byteorder {got[:16]!r}: refused (little-endian storages only; a big-endian archive)")
     return root, members
 
 
@@ -275,6 +284,26 @@ def _pickle_bytes(p: Path, z: zipfile.ZipFile, info: zipfile.ZipInfo) -> bytes:
     return data
 
 
+def _scan(p: Path, data: bytes) -> None:
+    """Bound what the unpickler builds before it runs: one opcode, one object (``]``: ~80 bytes,
+    so a kilobyte of deflated ``]`` is gigabytes); a memo index is an array size (``LONG_BINPUT
+    2**31``: 16 GiB). Opcodes are counted (:data:`MAX_OPS`) and a memo index may not exceed
+    the opcodes before it (a pickler numbers from 0). Nothing is built here."""
+    import pickletools
+
+    limit = env_limit("MAX_PICKLE_OPS", MAX_OPS)
+    try:
+        for n, (op, arg, _pos) in enumerate(pickletools.genops(data)):
+            if n >= limit:
+                raise InputError(p, f"data.pkl holds more than {limit} pickle opcodes: refused (a tensor archive's "
+                                 "pickle is small; CONSISTENCY_MAX_PICKLE_OPS)")
+            if op.name in ("BINPUT", "LONG_BINPUT", "PUT") and not (isinstance(arg, int) and 0 <= arg <= n):
+                raise InputError(p, f"data.pkl puts memo entry {arg!r} after {n} opcodes: refused (a pickler numbers "
+                                 "its memo from 0)")
+    except (ValueError, TypeError, EOFError, UnicodeDecodeError) as exc:
+        raise InputError(p, f"refused: data.pkl is not a well-formed pickle ({str(exc)[:160]})") from None
+
+
 class _Unpickler(pickle.Unpickler):
     """Only tensor rebuilds, storages, dtypes and plain containers; everything else is refused."""
 
@@ -296,6 +325,8 @@ class _Unpickler(pickle.Unpickler):
             return _DType(dtypes.lookup(name).name)
         if module == "collections" and name == "OrderedDict":
             return OrderedDict
+        if module == "_codecs" and name == "encode":
+            return _latin1  # how protocol 2 pickles bytes (torch.save's default protocol)
         if module == "torch" and (name.endswith("Storage") or name.startswith(("complex", "qint", "quint", "float4"))):
             raise InputError(self.path, f"refused: torch.{name} tensors are not read (dtypes read: "
                              f"{', '.join(dtypes.BY_NAME)})")
@@ -353,6 +384,13 @@ class _Unpickler(pickle.Unpickler):
                              f"{storage.key!r} (out of bounds)")
         self.tensors += 1
         return PtTensor(dtype, shape, strides, storage, offset, self.path)
+
+
+def _latin1(text: Any, encoding: Any = "latin1") -> bytes:
+    """``_codecs.encode(str, 'latin1')``: protocol 2's spelling of a bytes value, and nothing else."""
+    if not isinstance(text, str) or encoding not in ("latin1", "latin-1"):
+        raise pickle.UnpicklingError("_codecs.encode other than a latin1 bytes value")
+    return text.encode("latin1")
 
 
 def _ints(path: Path, value: Any, what: str) -> tuple[int, ...]:

@@ -67,6 +67,7 @@ class Layout:
     notes: list[str] = field(default_factory=list)
     verify: Verify = field(default_factory=Verify)  # what verify passes superseded (dump.segments)
     pass_positions: list[np.ndarray] | None = None  # each pass's positions as recorded (naming rows)
+    declared: bool = False  # the positions are the DP ranks' declaration, not recorded: the values may overrule them
 
     def response(self) -> np.ndarray | None:
         """Per stitched row: True from its request's first decode or verify pass on (what a
@@ -121,11 +122,17 @@ def needs_stitching(d: Dump) -> bool:
     """True when the dump holds ``#k`` captures or layout tensors (positions, request ids),
     or is a data-parallel merge whose ranks declared their tokens."""
     return any(_KEY.match(k) for k in d.tensors) or any(n in d.tensors for n in LAYOUT_NAMES) \
-        or (bool(getattr(d, "token_keys", None)) and _unowned(d))
+        or (bool(getattr(d, "token_keys", None)) and (_unowned(d) or _requests(d) > 1))
 
 
 def _unowned(d: Dump) -> bool:
     return any(f.code == "TOKEN_UNOWNED" for f in getattr(d, "layout_facts", []))
+
+
+def _requests(d: Dump) -> int:
+    """Requests the data-parallel ranks declared their tokens by (0: rows, or no declaration)."""
+    keys = getattr(d, "token_keys", None) or []
+    return len({k[0] for k in keys}) if keys and len(keys[0]) == 2 else 0
 
 
 def layout(d: Dump) -> Layout:
@@ -147,11 +154,13 @@ def layout(d: Dump) -> Layout:
         if k == 1 and len(ids_caps[0][1].shape) == 2 and ids_caps[0][1].shape[0] > 1:
             batch_rows = ids_caps[0][1].shape[1]
     pos_parts = _layout_parts(d, groups, POSITIONS, k, per_pass)
+    declared = False  # positions from the ranks' ownership declaration, not a recorded tensor: a claim
     if per_pass is None and pos_parts is not None:
         per_pass = [len(p) for p in pos_parts]
     req_parts = _layout_parts(d, groups, REQUEST_IDS, k, per_pass)
     if req_parts is None and k == 1:
         own_pos, req_parts = _from_ownership(d, per_pass)
+        declared = pos_parts is None and own_pos is not None
         pos_parts = pos_parts if pos_parts is not None else own_pos
     if per_pass is None:
         per_pass = _rows_per_pass(d, groups, k)
@@ -186,7 +195,7 @@ def layout(d: Dump) -> Layout:
     if pos_parts is None and batch_rows:
         pos_parts = [np.tile(np.arange(batch_rows, dtype=np.int64), total // batch_rows)]
     return Layout(k, source, segs, per_pass, ids, pos if (pos_parts is not None or batch_rows) else None, notes,
-                  verify, pos_parts)
+                  verify, pos_parts, declared)
 
 
 def _layout_parts(d: Dump, groups: dict, name: str, k: int, per_pass: list[int] | None) -> list[np.ndarray] | None:
@@ -205,12 +214,13 @@ def _layout_parts(d: Dump, groups: dict, name: str, k: int, per_pass: list[int] 
 
 
 def _from_ownership(d: Dump, per_pass: list[int] | None) -> tuple[list[np.ndarray] | None, list[np.ndarray] | None]:
-    """A data-parallel merge without recorded positions: each rank declared which tokens its
+    """A data-parallel merge without recorded request ids: each rank declared which tokens its
     rows are (request + position, or the row of a one-sequence batch), so a token no rank
-    holds is a gap the positions jump over, not a change of context."""
+    holds is a gap the positions jump over, not a change of context, and the merged rows
+    (sorted by request, then position) are one segment per request, never one sequence."""
     keys = getattr(d, "token_keys", None)
-    if not keys or (per_pass is not None and len(keys) != per_pass[0]) or not _unowned(d):
-        return None, None  # nothing missing: the merged rows are the tokens in order
+    if not keys or (per_pass is not None and len(keys) != per_pass[0]) or not (_unowned(d) or _requests(d) > 1):
+        return None, None  # one sequence, nothing missing: the merged rows are the tokens in order
     if len(keys[0]) == 1:
         return [np.asarray([int(k[0]) for k in keys], np.int64)], None
     reqs = {q: i for i, q in enumerate(dict.fromkeys(k[0] for k in keys))}

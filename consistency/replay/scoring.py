@@ -3,6 +3,7 @@ and the per-step drafts (replay.multistep), so neither imports the other."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,6 +16,7 @@ from consistency.replay.report import DraftSummary, Drop, Figures, ReplayReport,
 from consistency.replay.sides import Side
 
 WEAK_TOP1 = 0.2  # below this on the reference, a drop means little
+MIN_DRAFTED = 8  # scored drafted anchors below which (and below 100 / max_drop) they cannot pass a drop alone
 GREEDY_EXACT = 0.9
 
 
@@ -27,6 +29,7 @@ class Scored:
     per_step: list[StepStats]
     anchors: int
     overall: Scored | None = None  # the same over every position (prompt included), when ``drafted`` narrowed it
+    scored: int = 0  # anchors whose top-1 was scored (the resolution of ``top1``: one token is 100/scored points)
 
 
 def score(proposals: torch.Tensor, labels: torch.Tensor, drafted: torch.Tensor | None = None) -> Scored:
@@ -71,7 +74,7 @@ def _figures(hits: torch.Tensor, labels: torch.Tensor, k_steps: int, sel: torch.
         reached = acc
     rate = float(accepted.mean()) / k_steps if n_full else 0.0
     length = 1.0 + float(accepted.mean()) if n_full else 1.0
-    return Scored(hits, top1, rate, length, per_step, n_full)
+    return Scored(hits, top1, rate, length, per_step, n_full, scored=int(valid1.sum()))
 
 
 def summarize_draft(d: LoadedDraft) -> DraftSummary:
@@ -133,7 +136,7 @@ def drafted_positions(ref: Side, cand: Side) -> tuple[torch.Tensor | None, str, 
     the server generated), else every position (said in a note). Both sides are scored there."""
     for side, what in ((ref, "loss_mask"), (cand, "loss_mask"), (cand, "response"), (ref, "response")):
         m = side.drafted if side.drafted_source == what else None
-        if m is not None and len(m) == len(side.ids) and bool(m[1:].any()):
+        if m is not None and len(m) == len(side.ids) and bool(m[1:-1].any()):  # anchor i at token i+1; the last has no label
             words = ("the reference's loss mask" if side is ref else "the candidate's loss mask") if what == "loss_mask" \
                 else ("the candidate's decode and verify rows" if side is cand else "the reference's decode rows")
             return m, what, f"scored on the positions a server drafts ({words}: {int(m.sum())} of {len(m)} tokens); " \
@@ -177,6 +180,13 @@ def build_report(d: LoadedDraft | Any, tname: str | None, ref: Side, cand: Side,
     if not same_tokens:
         notes.append("the dumps hold different tokens: accuracies are compared as totals, not position by position")
     worst = max(drop.top1_points, drop.acceptance_points)
+    need = max(MIN_DRAFTED, math.ceil(100 / max_drop)) if max_drop > 0 else MIN_DRAFTED
+    if rs.overall is not None and cs.overall is not None and min(rs.scored, cs.scored) < need:
+        # one drafted token is more than the limit: those figures alone cannot say "no drop"
+        worst = max(worst, drop.all_top1_points or 0.0, drop.all_acceptance_points or 0.0)
+        notes.append(f"only {min(rs.scored, cs.scored)} drafted positions were scored (one token is "
+                     f"{100 / max(1, min(rs.scored, cs.scored)):.0f} points, fewer than the {need} a {max_drop:g}-point "
+                     "limit needs): the verdict takes the larger of the drafted and the all-position drops")
     line = (f"top-1 {100 * rs.top1:.1f}% -> {100 * cs.top1:.1f}%, acceptance {100 * rs.rate:.1f}% -> {100 * cs.rate:.1f}%, "
             f"accept length {rs.length:.2f} -> {cs.length:.2f} (K={k})")
     if rs.overall is not None and cs.overall is not None:

@@ -20,6 +20,11 @@ def alignment_line(al: dict) -> str:
         how = "by their values" if al.get("cached_by_values") else "by positions"
         out += f"; {n} reference token{'s' if n != 1 else ''} not captured (in the candidate's context, {how}: " \
                f"{_spans(al.get('not_captured_spans') or [])})"
+    front = al.get("reference_not_captured_spans") or []
+    if front:
+        k = sum(int(sp.get("stop", 0)) - int(sp.get("start", 0)) for sp in front)
+        out += f"; {k} candidate token{'s' if k != 1 else ''} not captured by the reference (in its context: " \
+               f"{_spans(front)})"
     for key, what in (("extra", "candidate only"), ("missing", "reference only")):
         spans = al.get(key) or []
         if spans:
@@ -38,4 +43,5 @@ def alignment_line(al: dict) -> str:
 def worth_showing(al: dict | None) -> bool:
     """Anything beyond "both sides hold the same tokens"."""
     return bool(al) and (al.get("method") not in (None, "identical") or bool(al.get("not_captured"))
+                         or bool(al.get("reference_not_captured_spans"))
                          or bool(al.get("stitching")) or bool(al.get("replaced")))

@@ -13,6 +13,9 @@ the isinstance check misses), so ``hidden.N`` is the last layer's input plus its
 and MLP outputs (``linear_proj/output0 + linear_fc2/output0``, plus their returned biases),
 and ``final_norm`` is ``output_layer/input0``. Under sequence parallelism each TP rank holds
 ``s / tp`` rows of the stream: ranks whose copies differ are concatenated along ``s``.
+Pipeline stages and virtual chunks name their layers from 0 (one ``ModuleList`` each): the
+global layer is the chunk's offset, counted from the files in Megatron's order (virtual
+stage ``c * pp + p``), plus the local index.
 The file holds no token ids.
 """
 
@@ -36,6 +39,7 @@ NAME = "megatron-activations"
 RANK_FILE = re.compile(r"^mp_rank_(\d{2,4})(?:_(\d{3,4}))?(?:_(\d{3,4}))?\.pth$")
 ITER_DIR = re.compile(r"^iter_(\d{7,9})$")
 QKV = re.compile(r"^decoder\.layers\.(\d{1,6})\.self_attention\.linear_qkv/input0$")
+CHUNK = re.compile(r"^model_chunk(\d{1,4})$")
 
 
 def _iter_dir(path: Path) -> Path | None:
@@ -87,21 +91,28 @@ def _open(path: Path, files: list[Path], d: Path, layer_ids: Sequence[int] | Non
         raise
 
 
-def _entries(p: Path, a: ptzip.Archive) -> dict[str, Any]:
+def _chunks(p: Path, a: ptzip.Archive) -> list[tuple[int, dict[str, Any]]]:
+    """(chunk index, entries) per virtual-pipeline chunk; each chunk names its layers from 0."""
     obj = a.obj
     if not isinstance(obj, dict) or not obj:
         raise InputError(p, f"holds a {type(obj).__name__}; a Megatron activation file is {{model_chunkN: {{...}}}}")
-    chunks = sorted(k for k in obj if isinstance(k, str) and k.startswith("model_chunk"))
+    chunks = sorted((int(m.group(1)), k) for k in obj if isinstance(k, str) and (m := CHUNK.match(k)))
     if not chunks:
         raise InputError(p, f"no model_chunk entries (keys: {', '.join(map(str, list(obj)[:4]))})")
-    out: dict[str, Any] = {}
-    for c in chunks:  # virtual pipeline chunks hold disjoint layers
-        if not isinstance(obj[c], dict):
-            raise InputError(p, f"{c} holds a {type(obj[c]).__name__}, not a dict")
-        for k, v in obj[c].items():
+    out: list[tuple[int, dict[str, Any]]] = []
+    for c, key in chunks:
+        if not isinstance(obj[key], dict):
+            raise InputError(p, f"{key} holds a {type(obj[key]).__name__}, not a dict")
+        e: dict[str, Any] = {}
+        for k, v in obj[key].items():
             if isinstance(k, str):
-                out.setdefault(re.sub(r"^(module\.)+", "", k), v)
+                e.setdefault(re.sub(r"^(module\.)+", "", k), v)
+        out.append((c, e))
     return out
+
+
+def _local_layers(e: dict[str, Any]) -> list[int]:
+    return sorted(int(m.group(1)) for k in e if (m := QKV.match(k)))
 
 
 def _sbh(p: Path, key: str, t: Any, fd: int, name: str) -> TensorView:
@@ -117,55 +128,91 @@ def _sbh(p: Path, key: str, t: Any, fd: int, name: str) -> TensorView:
     return memory_view(name, np.ascontiguousarray(arr), t.dtype, p)
 
 
-def _rank_pass(p: Path, a: ptzip.Archive, notes: list[str]) -> tuple[stock.Pass, int | None]:
-    e = _entries(p, a)
+def _rank_pass(p: Path, a: ptzip.Archive, chunks: list[tuple[int, dict[str, Any]]], offsets: dict[int, int],
+               n_layers: int | None) -> stock.Pass:
+    """One rank's streams in global layer numbers: chunk c's local layer k is ``offsets[c] + k``."""
     pas = stock.Pass()
-    layers = sorted(int(m.group(1)) for k in e if (m := QKV.match(k)))
-    for k in layers:
-        key = f"decoder.layers.{k}.self_attention.linear_qkv/input0"
-        pas.put(names.hidden(k), _sbh(p, key, e[key], a.fd, names.hidden(k)), f"megatron {key}")
-    if "output_layer/input0" in e:
+    for c, e in chunks:
+        layers = _local_layers(e)
+        for k in layers:
+            key = f"decoder.layers.{k}.self_attention.linear_qkv/input0"
+            s = offsets[c] + k
+            pas.put(names.hidden(s), _sbh(p, key, e[key], a.fd, names.hidden(s)), f"megatron {key}"
+                    + (f" (layer {s}: model_chunk{c}, from layer {offsets[c]})" if offsets[c] else ""))
+        if "output_layer/input0" not in e:
+            continue
         pas.put(names.FINAL_NORM, _sbh(p, "output_layer/input0", e["output_layer/input0"], a.fd, names.FINAL_NORM),
                 "megatron output_layer/input0", NormState.final_norm)
-    n = layers[-1] + 1 if layers else None
-    if n is not None and "output_layer/input0" in e:
-        last = f"decoder.layers.{n - 1}"
+        if not layers or n_layers is None:
+            continue
+        last = f"decoder.layers.{layers[-1]}"
         keys = [f"{last}.self_attention.linear_qkv/input0", f"{last}.self_attention.linear_proj/output0",
                 f"{last}.self_attention.linear_proj/output1", f"{last}.mlp.linear_fc2/output0",
                 f"{last}.mlp.linear_fc2/output1"]
-        parts = [_sbh(p, k, e[k], a.fd, k) for k in keys if isinstance(e.get(k), ptzip.PtTensor) and len(e[k].shape) == 3]
-        if len(parts) >= 3:
-            pas.put(names.hidden(n), stock.SumView.of(names.hidden(n), parts),
+        have = [k for k in keys if isinstance(e.get(k), ptzip.PtTensor) and len(e[k].shape) == 3]
+        if all(keys[i] in have for i in (0, 1, 3)):  # the input, attention's and the MLP's outputs (an MoE has none)
+            parts = [_sbh(p, k, e[k], a.fd, k) for k in have]
+            for k in (keys[2], keys[4]):  # a returned bias [h] (add_bias_linear): added to every row
+                b = e.get(k)
+                if isinstance(b, ptzip.PtTensor) and b.shape == (parts[0].cols,):
+                    rows = np.broadcast_to(b.read(a.fd).reshape(1, -1), parts[0].shape)
+                    parts.append(memory_view(k, rows, b.dtype, p))
+            pas.put(names.hidden(n_layers), stock.SumView.of(names.hidden(n_layers), parts),
                     f"megatron {last}: linear_qkv/input0 + linear_proj/output + linear_fc2/output (final_layernorm "
                     "is not hooked)")
-    return pas, n
+    return pas
+
+
+def _offsets(d: Path, counts: dict[tuple[int, int], int], pps: list[int]) -> dict[tuple[int, int], int]:
+    """Global first layer of each (pipeline stage, chunk): Megatron names a stage's (and a
+    virtual chunk's) layers from 0 and assigns layers chunk by chunk, stage by stage
+    (virtual stage c * pp_size + p, get_transformer_layer_offset)."""
+    vps = sorted({c for _p, c in counts})
+    missing = [(p, c) for c in vps for p in pps if (p, c) not in counts]
+    if missing:
+        raise InputError(d, f"pipeline stage {missing[0][0]} holds no model_chunk{missing[0][1]} while other stages do: "
+                         "virtual pipeline chunks must appear on every stage")
+    out, at = {}, 0
+    for c in vps:
+        for p in pps:
+            out[(p, c)] = at
+            at += counts[(p, c)]
+    return out
 
 
 def _build(path: Path, files: list[Path], d: Path, archives: list[ptzip.Archive], layer_ids: Sequence[int] | None,
            convention: str | None) -> ForeignDump:
     notes: list[str] = []
     by_rank: dict[tuple[int, int, int], stock.Pass] = {}
-    counts: set[int] = set()
+    opened: dict[tuple[int, int, int], tuple[Path, ptzip.Archive, list[tuple[int, dict[str, Any]]]]] = {}
     for p in files:
         m = RANK_FILE.match(p.name)
         assert m is not None
         a = ptzip.open_archive(p)
         archives.append(a)
-        pas, n = _rank_pass(p, a, notes)
         tp, pp, ep = int(m.group(1)), int(m.group(2) or 0), int(m.group(3) or 0)
-        by_rank[(pp, ep, tp)] = pas
-        if n is not None:
-            counts.add(n)
-    tps = sorted({tp for _pp, _ep, tp in by_rank})
-    pps = sorted({pp for pp, _ep, _tp in by_rank})
-    eps = sorted({ep for _pp, ep, _tp in by_rank})
+        opened[(pp, ep, tp)] = (p, a, _chunks(p, a))
+    tps = sorted({tp for _pp, _ep, tp in opened})
+    pps = sorted({pp for pp, _ep, _tp in opened})
+    eps = sorted({ep for _pp, ep, _tp in opened})
     if tps != list(range(len(tps))) or pps != list(range(len(pps))):
         raise InputError(d, f"rank files for tp {tps}, pp {pps}: some ranks are missing")
+    for pp in pps:
+        if len([tp for tp in tps if (pp, eps[0], tp) in opened]) != len(tps):
+            raise InputError(d, f"pipeline stage {pp} lacks tensor-parallel rank files")
+    counts = {(pp, c): len(_local_layers(e)) for (pp, ep, tp), (_p, _a, chs) in opened.items()
+              if ep == eps[0] and tp == 0 for c, e in chs}
+    offsets = _offsets(d, counts, pps)
+    last_stage = any("output_layer/input0" in e for (_pp, _ep, _tp), (_p, _a, chs) in opened.items() for _c, e in chs)
+    n_layers = sum(counts.values()) if last_stage else None
+    if not last_stage:
+        notes.append("no file holds output_layer (the last pipeline stage): the number of layers, stream N and "
+                     "final_norm are unknown")
+    for (pp, ep, tp), (p, a, chs) in opened.items():
+        by_rank[(pp, ep, tp)] = _rank_pass(p, a, chs, {c: offsets[(pp, c)] for c, _e in chs}, n_layers)
     stages, replicas = [], {}
     for pp in pps:
-        group = [by_rank[(pp, eps[0], tp)] for tp in tps if (pp, eps[0], tp) in by_rank]
-        if len(group) != len(tps):
-            raise InputError(d, f"pipeline stage {pp} lacks tensor-parallel rank files")
+        group = [by_rank[(pp, eps[0], tp)] for tp in tps]
         combined, rep, _n = stock.combine_ranks(d, group, tps, split_rows=True)
         replicas.update(rep)
         stages.append(combined)
@@ -173,7 +220,6 @@ def _build(path: Path, files: list[Path], d: Path, archives: list[ptzip.Archive]
         notes.append(f"expert-parallel ranks {eps}: the streams of ep rank {eps[0]} are read (each EP rank's "
                      "activations come from its own data-parallel micro-batch)")
     merged = stock.merge_stages(d, stages)
-    n_layers = max(counts) if counts else None
     tensors, metas = stock.steps(d, [merged], notes)
     claims = resolve_claims(d, layer_ids, convention, "stream", sorted_slots=True, num_layers=n_layers)
     notes += claims.notes

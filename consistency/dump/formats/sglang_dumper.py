@@ -137,14 +137,22 @@ def _build(path: Path, d: Path, archives: list[ptzip.Archive], layer_ids: Sequen
            convention: str | None) -> ForeignDump:
     notes: list[str] = []
     files = _files(d)
-    step_key = "step" if any("step" in f for f, _p in files) else "forward_pass_id"
+    eras = {("step" in f): p for f, p in files}
+    if len(eras) > 1:
+        raise InputError(d, f"holds files of both dumper eras ({eras[True].name} from 0.5.10 on, {eras[False].name} up "
+                         "to 0.5.9): two runs in one directory; keep one run's files")
+    step_key = "step" if True in eras else "forward_pass_id"
     era = "0.5.10+ (step=, value+meta)" if step_key == "step" else "up to 0.5.9 (forward_pass_id=)"
     records: dict[tuple[int, int], dict[int, list[tuple[int, dict, Any, dict, int]]]] = {}
     sizes: set[tuple[int, int, int]] = set()
-    new_era = False
+    kinds: dict[bool, Path] = {}
     for f, p in sorted(files, key=lambda x: (int(x[0]["rank"]), int(x[0].get("dump_index", 0)))):
         value, meta, fd, new = _payload(p, archives)
-        new_era |= new
+        kinds.setdefault(new, p)
+        if len(kinds) > 1:
+            raise InputError(d, f"{kinds[False].name} holds a bare value but {kinds[True].name} holds "
+                             "{value, meta}: files of two dumper versions (or a file not written by the dumper) in "
+                             "one run")
         pp, tp, pps, tps, dp = _rank_of(meta, f)
         sizes.add((pps, tps, dp))
         step = int(f[step_key])

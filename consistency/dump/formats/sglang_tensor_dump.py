@@ -151,9 +151,24 @@ def _rank_passes(d: Path, archives: list[ptzip.Archive], components: bool, n_lay
                 if got is not None:
                     pas.put(got[0], t.view(got[0], fd), f"sglang {key}" + (f"[{i}]" if len(items) > 1 else ""),
                             got[1])
+        _next_stream(pas)
         out.append(pas)
     _check_shift(d, files, raw, out, notes)
     return out
+
+
+def _next_stream(pas: stock.Pass) -> None:
+    """Stream k+1 of the last layer k dumped, where no later norm gives it (a
+    --debug-tensor-dump-layers subset): layer k's residual after attention plus its MLP
+    output (named only where those are whole, not partial sums)."""
+    mids = sorted(int(n.rsplit(".", 1)[1]) for n in pas.tensors if n.startswith(names.RESID_MID + "."))
+    if not mids:
+        return
+    k = mids[-1]
+    s, parts = names.hidden(k + 1), [pas.tensors.get(f"{names.RESID_MID}.{k}"), pas.tensors.get(names.mlp_out(k))]
+    if s not in pas.tensors and all(v is not None for v in parts) and parts[0].shape == parts[1].shape:  # type: ignore[union-attr]
+        pas.put(s, stock.SumView.of(s, parts), f"sum of model.layers.{k}.post_attention_layernorm[1] and "  # type: ignore[arg-type]
+                f"model.layers.{k}.mlp.down_proj (layer {k}'s output)")
 
 
 def _check_shift(d: Path, files: Sequence[Path], raw: Sequence[tuple[dict, int]], passes: Sequence[stock.Pass],
@@ -177,6 +192,41 @@ def _check_shift(d: Path, files: Sequence[Path], raw: Sequence[tuple[dict, int]]
                      f"{checked} pass(es)); logits left out (the last pass's are never written)")
 
 
+def _confirm_n(path: Path, ranks: dict[tuple[int, int], Path], archives: list[ptzip.Archive], n: int,
+               notes: list[str]) -> int | None:
+    """Layers 0..n-1 were dumped: N is n only if ``model.norm``'s residual is layer n-1's
+    output (its ``post_attention_layernorm`` residual plus its ``down_proj`` output, summed
+    over TP ranks where those are partial sums). ``--debug-tensor-dump-layers 0 1 2`` dumps
+    a prefix of the layers and ``model.norm`` still: then N is unknown, never n."""
+    stage = max(pp for pp, _tp in ranks)
+    mid_key, mlp_key = f"model.layers.{n - 1}.post_attention_layernorm", f"model.layers.{n - 1}.mlp.down_proj"
+    parts: list[tuple[dict[str, Any], int]] = []
+    for (pp, _tp), d in sorted(ranks.items()):
+        if pp == stage and (files := _passes(d)):
+            a = ptzip.open_archive(files[0])
+            archives.append(a)
+            parts.append((a.obj if isinstance(a.obj, dict) else {}, a.fd))
+    obj, fd = parts[0]
+    norm, mid, mlp = obj.get("model.norm"), obj.get(mid_key), [o.get(mlp_key) for o, _fd in parts]
+    if not (isinstance(norm, list) and len(norm) == 2 and isinstance(mid, list) and len(mid) == 2
+            and all(isinstance(x, ptzip.PtTensor) for x in [*norm, *mid, *mlp])
+            and len({x.shape for x in [norm[1], mid[1], *mlp]}) == 1):
+        notes.append(f"N = {n} taken from the layers dumped (0..{n - 1}); not checked on values (no {mlp_key} output "
+                     "beside model.norm's residual)")
+        return n
+    want = norm[1].read(fd).astype(np.float64)
+    base = mid[1].read(fd).astype(np.float64)
+    deltas = [m.read(f).astype(np.float64) for m, (_o, f) in zip(mlp, parts)]
+    for got in (base + deltas[0], base + sum(deltas)):
+        scale = np.linalg.norm(want, axis=-1) + 1e-30
+        if float((np.linalg.norm(got - want, axis=-1) / scale).max(initial=0.0)) < N_CHECK:
+            return n
+    return None  # layers after n - 1 were not dumped: the note on N unknown follows
+
+
+N_CHECK = 1e-2  # token rel_diff: a bf16 add rounds within 2^-8; another stream differs by far more
+
+
 def _build(path: Path, root: Path, layout: str, ranks: dict[tuple[int, int], Path], archives: list[ptzip.Archive],
            layer_ids: Sequence[int] | None, convention: str | None) -> ForeignDump:
     notes: list[str] = []
@@ -195,6 +245,8 @@ def _build(path: Path, root: Path, layout: str, ranks: dict[tuple[int, int], Pat
                 archives.append(a)
                 all_names |= set(a.obj) if isinstance(a.obj, dict) else set()
     n_layers, seen = stock.layer_count(sorted(all_names))
+    if n_layers is not None:
+        n_layers = _confirm_n(path, ranks, archives, n_layers, notes)
     if n_layers is None and seen:
         notes.append(f"layers {stock.spans(seen)} dumped (--debug-tensor-dump-layers): N is unknown, so model.norm's "
                      "residual (stream N) is not named")

@@ -60,7 +60,11 @@ def _flatten(path: Path, prefix: str, obj: Any, out: dict[str, ptzip.PtTensor], 
     if len(out) > MAX_NAMES:
         raise InputError(path, f"holds more than {MAX_NAMES} tensors")
     if isinstance(obj, ptzip.PtTensor):
-        out[prefix or "tensor"] = obj
+        name = prefix or "tensor"
+        if name in out:  # {"a.b": x, "a": {"b": y}}: two tensors, one name
+            raise InputError(path, f"two tensors flatten to the name {name!r} (a key with a dot beside a nested "
+                             "one): refused rather than keep one of them")
+        out[name] = obj
     elif isinstance(obj, dict):
         for k, v in obj.items():
             _flatten(path, f"{prefix}.{k}" if prefix else str(k), v, out, skipped)
