@@ -155,3 +155,19 @@ def test_a_tensor_of_hostile_row_count_is_refused_at_open(tmp_path: Path) -> Non
     assert r.returncode != 2, r.stderr  # at the bound: compared
     r = run_cli("inspect", str(big), env={"CONSISTENCY_MAX_ROWS": "1000"})
     assert r.returncode == 0 and "big.npz" in r.stdout  # inspect reads any row count (it keeps no per-row state)
+
+
+def test_every_bound_a_reader_consults_is_known_at_start_up() -> None:
+    """An override of a bound the start-up check does not know is refused as 'no such bound':
+    every env_limit("MAX_...") in the source must be in KNOWN_BOUNDS (and documented)."""
+    import re
+
+    from consistency.contract.bounds import KNOWN_BOUNDS
+
+    root = Path(__file__).resolve().parents[1]
+    used = {m for p in (root / "consistency").rglob("*.py")
+            for m in re.findall(r'env_limit\(\s*"MAX_([A-Z_]+)"', p.read_text())}
+    assert used and used <= set(KNOWN_BOUNDS), sorted(used - set(KNOWN_BOUNDS))
+    security = (root / "docs" / "security.md").read_text()
+    assert all(f"CONSISTENCY_MAX_{b}" in security for b in KNOWN_BOUNDS), \
+        [b for b in KNOWN_BOUNDS if f"CONSISTENCY_MAX_{b}" not in security]

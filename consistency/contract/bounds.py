@@ -32,7 +32,7 @@ def env_limit(name: str, default: int, environ: Any = None) -> int:
 # any work, not a surprise in the middle of a run (or never noticed: a typo is otherwise ignored)
 KNOWN_BOUNDS = ("HEADER_BYTES", "MEMBER_BYTES", "INFLATE_BYTES", "META_BYTES", "JSON_DEPTH", "FORTRAN_BYTES",
                 "CONTRACT_BYTES", "GUNZIP_BYTES", "TOKENIZER_BYTES", "CRC_BYTES", "PICKLE_BYTES", "VIEW_BYTES",
-                "ROWS")
+                "ROWS", "PICKLE_OPS")
 
 
 def check_bound_overrides(environ: Any = None) -> None:
