@@ -27,9 +27,7 @@ from __future__ import annotations
 
 import functools
 import os
-import sys
 import threading
-from collections.abc import Callable
 from typing import Any
 
 from consistency.record import graphs
@@ -186,30 +184,9 @@ def patch_module(mod: Any) -> None:
 def auto() -> None:
     """Patch the runner classes of TARGETS as their modules are imported (inert unless
     ``CONSISTENCY_RECORD`` and ``CONSISTENCY_RECORD_GRAPHS`` are set)."""
-    import importlib.abc
-    import importlib.machinery
+    from consistency.record.import_hook import install as on_import
 
     if not (os.environ.get("CONSISTENCY_RECORD") and graphs.env_on()):
         return
 
-    class GraphRunnerFinder(importlib.abc.MetaPathFinder):
-        def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
-            if fullname not in TARGETS:
-                return None
-            spec = importlib.machinery.PathFinder.find_spec(fullname, path)
-            if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
-                return spec
-            run: Callable[[Any], None] = spec.loader.exec_module
-
-            def exec_module(module: Any) -> None:
-                run(module)
-                patch_module(module)
-
-            spec.loader.exec_module = exec_module  # type: ignore[method-assign]
-            return spec
-
-    for name in TARGETS:
-        if name in sys.modules:
-            patch_module(sys.modules[name])
-    if not any(type(f).__name__ == "GraphRunnerFinder" for f in sys.meta_path):
-        sys.meta_path.insert(0, GraphRunnerFinder())
+    on_import(__name__, TARGETS, patch_module)

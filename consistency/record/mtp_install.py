@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import inspect
 import os
-import sys
 from typing import Any
 
 from consistency.record import mtp_patch
@@ -141,8 +140,7 @@ def patch_class(cls: type) -> type:
 
 def auto() -> None:
     """Patch the MTP classes of TARGETS when their modules are imported (inert without CONSISTENCY_RECORD)."""
-    import importlib.abc
-    import importlib.machinery
+    from consistency.record.import_hook import install as on_import
 
     if not os.environ.get(ENV_PATH):
         return
@@ -153,24 +151,4 @@ def auto() -> None:
             if isinstance(cls, type):
                 patch_class(cls)
 
-    class MTPFinder(importlib.abc.MetaPathFinder):
-        def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
-            if fullname not in TARGETS:
-                return None
-            spec = importlib.machinery.PathFinder.find_spec(fullname, path)
-            if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
-                return spec
-            run = spec.loader.exec_module
-
-            def exec_module(module: Any) -> None:
-                run(module)
-                patch_module(module)
-
-            spec.loader.exec_module = exec_module  # type: ignore[method-assign]
-            return spec
-
-    for name in TARGETS:
-        if name in sys.modules:
-            patch_module(sys.modules[name])
-    if not any(type(f).__name__ == "MTPFinder" for f in sys.meta_path):
-        sys.meta_path.insert(0, MTPFinder())
+    on_import(__name__, TARGETS, patch_module)

@@ -362,9 +362,7 @@ def auto() -> None:
     Called from ``sitecustomize`` (``consistency/record/autopatch/``), so it also runs in
     the worker processes SGLang and vLLM spawn, which import the model files themselves.
     """
-    import importlib.abc
-    import importlib.machinery
-    import sys
+    from consistency.record.import_hook import install as on_import
 
     if not os.environ.get(ENV_PATH):
         return
@@ -376,25 +374,4 @@ def auto() -> None:
             if isinstance(cls, type):
                 patch_class(cls)
 
-    class Finder(importlib.abc.MetaPathFinder):
-        def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
-            if fullname not in wanted:
-                return None
-            spec = importlib.machinery.PathFinder.find_spec(fullname, path)
-            if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
-                return spec
-            loader = spec.loader
-            run = loader.exec_module
-
-            def exec_module(module: Any) -> None:
-                run(module)
-                patch_module(module)
-
-            loader.exec_module = exec_module  # type: ignore[method-assign]
-            return spec
-
-    for name in wanted:
-        if name in sys.modules:
-            patch_module(sys.modules[name])
-    if not any(type(f).__name__ == "Finder" and f.__module__ == __name__ for f in sys.meta_path):
-        sys.meta_path.insert(0, Finder())
+    on_import(__name__, wanted, patch_module)
