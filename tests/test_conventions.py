@@ -46,7 +46,14 @@ def test_id_sources_by_runtime_runner_and_version() -> None:
 
 
 @pytest.mark.parametrize("version,arch,moe,env,feature,runner", [
-    ((0, 24), "LlamaForCausalLM", False, None, None, "v1"),
+    ((0, 21), "Qwen3ForCausalLM", False, None, None, "v1"),
+    ((0, 22), "Qwen3ForCausalLM", False, None, None, "v2"),  # vllm 0.22.0 config/vllm.py: the first default-V2 list
+    ((0, 22), "LlamaForCausalLM", False, None, None, "v1"),
+    ((0, 23), "LlamaForCausalLM", False, None, None, "v2"),
+    ((0, 23), "Qwen2MoeForCausalLM", True, None, None, "v1"),
+    ((0, 24), "LlamaForCausalLM", False, None, None, "v2"),
+    ((0, 24), "DeepseekV2ForCausalLM", True, None, None, "v2"),
+    ((0, 24), "Qwen2ForCausalLM", False, None, None, "v1"),
     ((0, 25), "LlamaForCausalLM", False, None, None, "v2"),
     ((0, 26), "DeepseekV3ForCausalLM", True, None, None, "v1"),
     ((0, 26), "DeepseekV2ForCausalLM", True, None, None, "v2"),

@@ -11,7 +11,7 @@ Three smaller tables sit beside the id rules, because a server's behaviour has t
 independent parts that change in different releases: *where* it reads the ids
 (:data:`ID_SOURCES`), *what* an id means (:data:`REGISTRY`) and *which* streams its model
 files can capture at all (:data:`CAPTURE_LIMITS`). vLLM also picks one of two model runners
-that read different keys (:data:`VLLM_V2_MOE_ARCHS`). ``consistency lint`` combines them.
+that read different keys (:data:`VLLM_V2_DEFAULTS`). ``consistency lint`` combines them.
 """
 
 from __future__ import annotations
@@ -246,15 +246,47 @@ CAPTURE_LIMITS: tuple[CaptureLimit, ...] = (
 )
 
 
-# vLLM's model runner (vllm/config/vllm.py VllmConfig.use_v2_model_runner): VLLM_USE_V2_MODEL_RUNNER wins;
-# V2 became the default for dense models in 0.25 (PR #44443) and for every model in 0.29 (PR #53183).
+# vLLM's model runner (vllm/config/vllm.py VllmConfig.use_v2_model_runner and
+# _is_default_v2_model_runner_model, read in each release's wheel): VLLM_USE_V2_MODEL_RUNNER wins; otherwise
+# each release has a rule and a list of architectures (DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES):
+#   0.22: listed (Qwen3) and not MoE and not quantized; 0.23: the same over Llama/Mistral/Qwen3;
+#   0.24: listed, whatever MoE; 0.25-0.28: not MoE, or listed (PR #44443); 0.29+: every model (PR #53183).
+# Before 0.22 no release defaults to V2. A quantized target stays on V1 in 0.22-0.23.
+@dataclass(frozen=True)
+class V2Default:
+    """One release range's rule for vLLM's default model runner."""
+
+    min_version: tuple[int, ...]
+    rule: str  # "listed_dense" | "listed" | "dense_or_listed" | "all"
+    archs: frozenset[str] = frozenset()
+    source: str = ""
+
+
+VLLM_V2_FIRST = (0, 22)
 VLLM_V2_DENSE = (0, 25)
 VLLM_V2_ALL = (0, 29)
-VLLM_V2_MOE_ARCHS: tuple[tuple[tuple[int, ...], frozenset[str]], ...] = (
-    ((0, 25), frozenset({"DeepseekV2ForCausalLM", "Qwen2MoeForCausalLM", "GraniteMoeForCausalLM"})),
-    ((0, 26), frozenset({"DeepseekV2ForCausalLM", "Qwen2MoeForCausalLM", "GraniteMoeForCausalLM",
-                         "InklingForCausalLM", "InklingForConditionalGeneration", "LongcatFlashNgramForCausalLM"})),
-    ((0, 28), frozenset({"DeepseekV2ForCausalLM", "DeepseekV4ForCausalLM", "GraniteMoeForCausalLM",
-                         "InklingForCausalLM", "InklingForConditionalGeneration", "KimiK3ForConditionalGeneration",
-                         "LongcatFlashNgramForCausalLM", "Qwen2MoeForCausalLM"})),
+_V2SRC = "vllm/config/vllm.py DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES, _is_default_v2_model_runner_model"
+VLLM_V2_DEFAULTS: tuple[V2Default, ...] = (
+    V2Default((0, 22), "listed_dense", frozenset({"Qwen3ForCausalLM"}), f"vllm 0.22.0 {_V2SRC}"),
+    V2Default((0, 23), "listed_dense", frozenset({"LlamaForCausalLM", "MistralForCausalLM", "Qwen3ForCausalLM"}),
+              f"vllm 0.23.0 {_V2SRC}"),
+    V2Default((0, 24), "listed", frozenset({"Qwen3ForCausalLM", "DeepseekV2ForCausalLM", "Qwen2MoeForCausalLM",
+                                            "GraniteMoeForCausalLM", "LlamaForCausalLM", "MistralForCausalLM"}),
+              f"vllm 0.24.0 {_V2SRC}"),
+    V2Default((0, 25), "dense_or_listed", frozenset({"DeepseekV2ForCausalLM", "Qwen2MoeForCausalLM",
+                                                     "GraniteMoeForCausalLM"}), f"vllm 0.25.0 {_V2SRC} (PR #44443)"),
+    V2Default((0, 26), "dense_or_listed", frozenset({"DeepseekV2ForCausalLM", "Qwen2MoeForCausalLM",
+                                                     "GraniteMoeForCausalLM", "InklingForCausalLM",
+                                                     "InklingForConditionalGeneration", "LongcatFlashNgramForCausalLM"}),
+              f"vllm 0.26.0 {_V2SRC}"),
+    V2Default((0, 27), "dense_or_listed", frozenset({"DeepseekV2ForCausalLM", "GraniteMoeForCausalLM",
+                                                     "InklingForCausalLM", "InklingForConditionalGeneration",
+                                                     "KimiK3ForConditionalGeneration", "LongcatFlashNgramForCausalLM",
+                                                     "Qwen2MoeForCausalLM"}), f"vllm 0.27.0 {_V2SRC}"),
+    V2Default((0, 28), "dense_or_listed", frozenset({"DeepseekV2ForCausalLM", "DeepseekV4ForCausalLM",
+                                                     "GraniteMoeForCausalLM", "InklingForCausalLM",
+                                                     "InklingForConditionalGeneration", "KimiK3ForConditionalGeneration",
+                                                     "LongcatFlashNgramForCausalLM", "Qwen2MoeForCausalLM"}),
+              f"vllm 0.28.0 {_V2SRC}"),
+    V2Default(VLLM_V2_ALL, "all", frozenset(), "vllm 0.29.0 vllm/config/vllm.py (PR #53183: V2 for every model)"),
 )

@@ -14,8 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from consistency.contract import sglang_drafts as SD
-from consistency.contract.conventions import (CAPTURE_LIMITS, ID_SOURCES, REGISTRY, VLLM_V2_ALL, VLLM_V2_DENSE,
-                                              VLLM_V2_MOE_ARCHS, CaptureLimit, Convention, IdSource)
+from consistency.contract.conventions import (CAPTURE_LIMITS, ID_SOURCES, REGISTRY, VLLM_V2_DEFAULTS, VLLM_V2_FIRST,
+                                              CaptureLimit, Convention, IdSource)
 from consistency.contract.resolve import streams_of
 from consistency.contract.versions import Version, VersionRange, just_below, parse_spec, vtext
 
@@ -62,7 +62,7 @@ def version_points(runtime: str) -> list[tuple[tuple[int, ...] | None, tuple[int
         if c.runtime == runtime:
             cuts.update(v for v in (c.min_version, c.max_version) if v)
     if runtime == "vllm":
-        cuts.update({VLLM_V2_DENSE, VLLM_V2_ALL, *(v for v, _ in VLLM_V2_MOE_ARCHS)})
+        cuts.update(r.min_version for r in VLLM_V2_DEFAULTS)
     edges = sorted(cuts)
     out: list[tuple[Version | None, Version | None, Version | None]] = []
     for i, b in enumerate(edges):
@@ -93,25 +93,39 @@ def capture_limit(runtime: str, version: Version | None, architecture: str | Non
 
 
 def vllm_runner(version: Version | None, architecture: str | None, is_moe: bool | None,
-                env: str | None = None, v1_only_feature: str | None = None) -> tuple[str, str]:
-    """('v1'|'v2', why) for a vLLM version, target and command line (env = VLLM_USE_V2_MODEL_RUNNER)."""
+                env: str | None = None, v1_only_feature: str | None = None,
+                quantized: bool | None = None) -> tuple[str, str]:
+    """('v1'|'v2', why) for a vLLM version, target and command line (env = VLLM_USE_V2_MODEL_RUNNER).
+
+    Each release's rule is read from its wheel (conventions.VLLM_V2_DEFAULTS): from 0.22 some
+    architectures default to V2, whose EAGLE-3 path reads only the top-level ids before 0.28."""
     if env is not None and env.strip() != "":
         on = env.strip().lower() in ("1", "true", "yes", "on")
         return ("v2" if on else "v1"), f"VLLM_USE_V2_MODEL_RUNNER={env}"
-    if version is not None and version < VLLM_V2_DENSE:
-        return "v1", "V1 is the default before vllm 0.25"
+    if version is not None and version < VLLM_V2_FIRST:
+        return "v1", "V1 is the default for every model before vllm 0.22"
     if v1_only_feature:
         return "v1", f"the V2 runner does not support {v1_only_feature}"
-    if version is None or version >= VLLM_V2_ALL:
-        return "v2", "V2 is the default for every model since vllm 0.29 (PR #53183)"
-    if is_moe is None:
-        return "v2", "V2 is the default for dense models since vllm 0.25 (PR #44443); target MoE-ness unknown"
-    if not is_moe:
-        return "v2", "V2 is the default for dense models since vllm 0.25 (PR #44443)"
-    archs = [a for v, a in VLLM_V2_MOE_ARCHS if version >= v][-1]
-    if architecture in archs:
-        return "v2", f"{architecture} is on vllm {vtext(version)}'s default-V2 list"
-    return "v1", "MoE targets stay on the V1 runner by default before vllm 0.29"
+    row = [r for r in VLLM_V2_DEFAULTS if version is None or version >= r.min_version][-1]
+    at = f"vllm {vtext(version)}" if version else "the newest vllm"
+    listed = architecture in row.archs
+    if row.rule == "all":
+        return "v2", f"V2 is the default for every model on {at} ({row.source})"
+    if row.rule == "dense_or_listed":
+        if listed:
+            return "v2", f"{architecture} is on {at}'s default-V2 list ({row.source})"
+        if is_moe is None:
+            return "v2", f"V2 is the default for dense models on {at} ({row.source}); target MoE-ness unknown"
+        return ("v1", f"MoE targets off the default-V2 list stay on V1 on {at} ({row.source})") if is_moe else \
+            ("v2", f"V2 is the default for dense models on {at} ({row.source})")
+    if not listed:
+        return "v1", f"{architecture or 'the target (architecture unknown)'} is not on {at}'s default-V2 list " \
+                     f"({', '.join(sorted(row.archs))}; {row.source})"
+    if row.rule == "listed_dense" and (is_moe or quantized):
+        return "v1", f"{at} keeps {'MoE' if is_moe else 'quantized'} targets on V1 ({row.source})"
+    tail = "; quantization unknown (a quantized target stays on V1)" if row.rule == "listed_dense" and \
+        quantized is None else ""
+    return "v2", f"{architecture} is on {at}'s default-V2 list ({row.source}){tail}"
 
 
 @dataclass(frozen=True)
