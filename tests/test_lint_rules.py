@@ -92,6 +92,11 @@ FAIL: dict[str, Callable[[], Scenario]] = {
     "SRV007": lambda: SG(serve=_SERVE + " --tp-size 2 --pp-size 4"),
     "SRV008": lambda: SG(serve="CONSISTENCY_RECORD=/data/dumps " + _SERVE + " --tp-size 8 --dp-size 8 "
                          "--enable-dp-attention"),
+    "IDS012": lambda: SG(trained_with="stream:2,16"),  # two training streams, three slots
+    "IDS013": lambda: SG(runtime=None, serve=None, trained_with="stream:0,3,31"),
+    "MTH001": lambda: SG(runtime="vllm@0.33.0", serve="vllm serve meta-llama/Llama-3.1-8B-Instruct "
+                         "--speculative-config '{\"method\": \"medusa\", \"model\": \"{draft}\"}'"),
+    "MTH002": lambda: SG(draft={}),
 }
 
 _FC_NORM = {f"fc_norm.{i}.weight": ("bfloat16", (256,)) for i in range(3)}

@@ -132,7 +132,9 @@ def test_specforge_without_a_version_says_what_it_assumed(tmp_path: Path) -> Non
     r = resolve_specforge("", KIMI_ARCH)
     assert "no specforge version given" in r.assumed and "0.5.14" in r.assumed
     assert r.convention.to_streams([1, 29, 57], 61) == [2, 30, 58]  # first id 1: +1 (PR #25454)
-    rep = run_lint(LintRequest(target=str(KIMI), trained_with="specforge:2,30,58", runtime="sglang@0.5.23"))
+    seed = KIMI.parents[1] / "drafts" / "sglang" / "kimi-k2.5-eagle3-seed.json"  # ids [2, 30, 58], read as they are
+    rep = run_lint(LintRequest(draft=str(seed), target=str(KIMI), trained_with="specforge:2,30,58",
+                               runtime="sglang@0.5.23"))
     # unpinned SpecForge on a Kimi target: two readings, one of them a mismatch -> an error listing both (issue 27)
     assert [(r.streams, r.matches_serving) for r in rep.training_readings] == [([3, 31, 59], False),
                                                                                ([2, 30, 58], True)]

@@ -35,6 +35,7 @@ class Context:
     n: int | None = None  # the target's layer count
     plan: StreamPlan | None = None
     alternatives: list[Alternative] = field(default_factory=list)
+    any_runtime: list[Alternative] = field(default_factory=list)  # no runtime named: every runtime's reading
     draft_kind: Kind = field(default_factory=lambda: Kind(None, "not detected"))  # what the draft files are
     requested: Kind = field(default_factory=lambda: Kind(None, "not detected"))  # what the flags run
 

@@ -114,6 +114,9 @@ def build(req: LintRequest) -> _Built:
             notes.append(f"vLLM {ctx.plan.runner.upper()} model runner: {ctx.plan.runner_why}")
         notes.extend(ctx.plan.assumptions)
         ctx.alternatives = alternatives(ctx.runtime, ctx.draft, ctx.n, ctx.arch, moe, ctx.serve, ctx.version)
+    elif ctx.draft is not None and ctx.draft.config:
+        moe = ctx.target.is_moe if ctx.target else None
+        ctx.any_runtime = [a for rt in RUNTIMES for a in alternatives(rt, ctx.draft, ctx.n, ctx.arch, moe, None, None)]
     if ctx.training is not None and not ctx.training.explicit:
         notes.append(f"training streams {ctx.training.source}")
     return _Built(ctx, notes)
@@ -266,9 +269,9 @@ def _summary(verdict: str, counts: dict[str, int], tr: list[int] | None, sv: lis
     if ctx.kind in LAST_HIDDEN:
         parts.append(f"{LABEL[ctx.kind]} draft ({(ctx.draft_kind if ctx.draft_kind.kind else ctx.requested).how})")
     r = ctx.requested
-    if sv is not None and ctx.serve is not None and (r.broken or r.kind in LAST_HIDDEN):
-        parts.append(f"the command line captures no aux hidden states ({r.how}); as EAGLE-3, {ctx.runtime_label} "
-                     f"would feed streams {sv}")
+    if ctx.serve is not None and (r.broken or (sv is not None and r.kind in LAST_HIDDEN)):
+        parts.append(f"the command line captures no aux hidden states ({r.how})" + (
+            f"; as EAGLE-3, {ctx.runtime_label} would feed streams {sv}" if sv is not None else ""))
     elif sv is not None:
         parts.append(f"{ctx.runtime_label} feeds streams {sv}")
     t = ctx.training

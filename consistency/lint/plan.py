@@ -43,6 +43,7 @@ class StreamPlan:
     limit: cv.CaptureLimit | None = None
     assumptions: list[str] = field(default_factory=list)
     arch: str | None = None  # the target architecture the convention was resolved for
+    unknown: str = ""  # why the streams cannot be known (no draft config read), '' when they can
 
     @property
     def default_used(self) -> bool:
@@ -89,8 +90,16 @@ def serving_plan(runtime: str, version: tuple[int, ...] | None, draft: DraftInfo
             v1_only = "EAGLE3 with pipeline parallelism"
         plan.runner, plan.runner_why = vllm_runner(version, arch, is_moe, env, v1_only)
     src = id_source(runtime, version, plan.runner)
-    if src is None or draft is None or not draft.config:
+    if draft is None or not draft.config:
+        # no draft config was read (a hub id, a bare checkpoint): its ids, and so the streams, cannot be known;
+        # the runtime's defaults apply only to a config that has no ids, never to one nobody read
         plan.source = src.source if src else ""
+        plan.unknown = ("no draft config was read" + (f" ({serve.draft_model} is not a directory here: a hub id?)"
+                                                      if serve is not None and serve.draft_model else ""))
+        plan.assumptions.append(f"{plan.unknown}: the streams {plan.label} feeds cannot be known")
+        return plan
+    if src is None:
+        plan.source = ""
         return _finish(plan, None, n)
     plan.source = src.source
     for key in src.keys:

@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from consistency.errors import UsageError
-from consistency.lint.rules import eagle1, ids, mtp, norms, parallel, serving, shapes, vocab
+from consistency.lint.rules import eagle1, ids, mtp, norms, parallel, runtimes, serving, shapes, vocab
 from consistency.lint.rules.base import Hit, Rule
 
-REGISTRY: dict[str, Rule] = {r.code: r for m in (ids, shapes, vocab, norms, serving, parallel, mtp, eagle1)
+REGISTRY: dict[str, Rule] = {r.code: r for m in (ids, shapes, vocab, norms, serving, parallel, mtp, eagle1, runtimes)
                            for r in m.RULES}
 
 __all__ = ["REGISTRY", "Hit", "Rule", "select"]

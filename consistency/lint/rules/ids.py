@@ -40,7 +40,12 @@ def default_fallback(ctx: Context) -> Iterator[Hit]:
       "seed story (trained on streams [0, 3, 31], served [3, 31, 59]); sglang PR #25454; vllm PR #43671",
       "write the training streams in the serving runtime's convention (the finding names the ids), or retrain")
 def stream_mismatch(ctx: Context) -> Iterator[Hit]:
-    plan, tr = ctx.need_plan(), ctx.need_training()
+    plan = ctx.need_plan()
+    if plan.unknown:
+        yield Hit(f"{plan.unknown}: which streams {plan.label} feeds the draft cannot be known, so nothing says "
+                  "they match training; lint the draft's files (--draft DIR)", W)
+        return
+    tr = ctx.need_training()
     if plan.streams is None or tr.streams is None:
         raise NotEvaluated("serving or training streams unknown (the default ids need the target's layer count: "
                            "--target)")
