@@ -224,6 +224,11 @@ def transformers_evidence(stamp: str | None) -> tuple[VersionRange | None, str |
                  f"sglang {rng.label()} ({SF.TRANSFORMERS_SOURCE})")
 
 
+def possible(streams: Sequence[int] | None, n: int | None) -> bool:
+    """Whether a reading's streams can exist on an ``n``-layer target (0..N); unknown N or streams: yes."""
+    return streams is None or n is None or all(0 <= s <= n for s in streams)
+
+
 def specforge_readings(ids: Sequence[int] | None, n: int | None, arch: str | None,
                        stamp: str | None = None) -> tuple[list[Reading], str | None]:
     """Every distinct meaning SpecForge ids can have on this target, one per group of capture
@@ -240,6 +245,8 @@ def specforge_readings(ids: Sequence[int] | None, n: int | None, arch: str | Non
     out: list[Reading] = []
     for spec, label, source in specs:
         st = streams_of(ids, spec, n, arch).streams
+        if not possible(st, n):
+            continue  # a reading no training run can have fed (a stream outside 0..N) is no reading
         same = next((r for r in out if r.streams == st), None)
         if same is None:
             out.append(Reading(label, st, [spec], [source]))

@@ -147,8 +147,11 @@ def declare_ids(d: Any, common: list[int] | None, own: list[int] | None, convent
     recorded = meta.aux.stream_ids if meta is not None and meta.aux is not None else None
     n_layers = meta.model.num_layers if meta is not None and meta.model is not None else None
     flag = "--ref-layer-ids" if own is not None else "--layer-ids"
+    slots = sum(x[:4] == "aux." and x[4:].isdigit() for x in d.tensors) or None
+    ids, appended = _appended(ids, n_layers, convention, slots)
     claims = resolve_claims(d.path, ids, convention, "stream", sorted_slots=False, num_layers=n_layers,
-                            slots=sum(x[:4] == "aux." and x[4:].isdigit() for x in d.tensors) or None, what=flag)
+                            slots=slots, what=flag)
+    claims.notes[:0] = appended
     streams = claims.streams or []
     if recorded and own is None:
         if list(recorded) != list(streams):
@@ -172,9 +175,11 @@ def apply_ids(d: Any, common: list[int] | None, own: list[int] | None, conventio
     meta = d.metadata
     recorded = meta.aux.stream_ids if meta is not None and meta.aux is not None else None
     n_layers = meta.model.num_layers if meta is not None and meta.model is not None else None
+    slots = sum(x[:4] == "aux." and x[4:].isdigit() for x in d.tensors) or None
+    ids, appended = _appended(ids, n_layers, convention, slots)
     claims = resolve_claims(d.path, ids, convention, "stream", sorted_slots=False, num_layers=n_layers,
-                            slots=sum(x[:4] == "aux." and x[4:].isdigit() for x in d.tensors) or None,
-                            what=flag if own is not None else "--layer-ids")
+                            slots=slots, what=flag if own is not None else "--layer-ids")
+    claims.notes[:0] = appended
     streams = claims.streams
     if recorded and own is None:
         if list(recorded) != list(streams or []):
@@ -189,6 +194,14 @@ def apply_ids(d: Any, common: list[int] | None, own: list[int] | None, conventio
     d.metadata = meta
     what = f"{d.path.name}: streams {streams} from {flag if own is not None else '--layer-ids'} {ids}"
     return [what + (f" (it recorded {list(recorded)})" if recorded else "")] + list(claims.notes)
+
+
+def _appended(ids: list[int], n: int | None, convention: str | None, slots: int | None) -> tuple[list[int], list[str]]:
+    """speculators' data-generation ids end with N, the verifier's last state (contract/ids.py): not a slot."""
+    from consistency.contract.ids import split_appended
+
+    aux, last, why = split_appended(ids, n, convention, slots)
+    return aux, ([why] if last is not None else [])
 
 
 def dropped(d: Any, side: str) -> list[Finding]:

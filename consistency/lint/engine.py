@@ -24,6 +24,7 @@ from consistency.lint.draft import read_draft
 from consistency.lint.kind import LABEL, draft_kind, requested
 from consistency.lint.plan import alternatives, arch_key, serving_plan
 from consistency.lint.rules import Rule, select
+from consistency.lint.rules.runtimes import draft_slots
 from consistency.lint.serve import adopt_speculators, parse_serve
 from consistency.lint.trained import from_draft, parse_trained_with
 
@@ -88,7 +89,8 @@ def build(req: LintRequest) -> _Built:
     if req.trained_with:
         stamp = ctx.draft.config.get("transformers_version") if ctx.draft is not None else None
         stamp = stamp if isinstance(stamp, str) else None
-        ctx.training = parse_trained_with(req.trained_with, ctx.n, arch, stamp)
+        slots = draft_slots(ctx)
+        ctx.training = parse_trained_with(req.trained_with, ctx.n, arch, stamp, slots[0] if slots else None)
         m = ctx.training.model
         if m is not None:
             if ctx.target is None:
@@ -96,13 +98,16 @@ def build(req: LintRequest) -> _Built:
                                         m.num_layers, m.hidden_size, m.vocab_size, m.dtype, None, ctx.training.source)
                 ctx.n = m.num_layers
                 if ctx.training.streams is None and ctx.n is not None:
-                    ctx.training = parse_trained_with(req.trained_with, ctx.n, m.architecture, stamp)
+                    ctx.training = parse_trained_with(req.trained_with, ctx.n, m.architecture, stamp,
+                                                      slots[0] if slots else None)
             elif m.num_layers and ctx.n and m.num_layers != ctx.n:
                 notes.append(f"the training side records {m.num_layers} layers but the target config has {ctx.n}")
     elif ctx.draft is not None:
         ctx.training = from_draft(ctx.draft, ctx.n, arch)
     if ctx.training is not None and ctx.training.assumed:
         notes.append(f"training side: {ctx.training.assumed}")
+    if ctx.training is not None and ctx.training.appended:
+        notes.append(f"training side: {ctx.training.appended}")
     if ctx.target is not None:
         ctx.arch = arch_key(ctx.target.keys)
     if ctx.runtime:
@@ -281,6 +286,8 @@ def _summary(verdict: str, counts: dict[str, int], tr: list[int] | None, sv: lis
             for r in t.readings))
     elif tr is not None:
         parts.append(f"training used {tr}" if t is not None and t.explicit else f"the draft config implies {tr}")
+    elif t is not None and "training unknown" in t.source and ctx.kind not in LAST_HIDDEN:
+        parts.append("training unknown: no reading of the draft's ids gives streams inside 0..N (see assumptions)")
     if t is not None and not t.explicit and ctx.kind not in LAST_HIDDEN and (tr is not None or t.ambiguous):
         parts.append("what training really fed the draft was not checked: pass --trained-with (a training dump, "
                      "a contract, or FRAMEWORK@VERSION:IDS), or compare a training dump with `consistency compare`")

@@ -12,9 +12,10 @@ from pathlib import Path
 
 from consistency.contract import conventions
 from consistency.contract.ids import parse_ids as _parse_ids
+from consistency.contract.ids import split_appended
 from consistency.contract.models import ModelInfo
-from consistency.contract.resolve import (Reading, check_spec, check_streams, specforge_readings, streams_of,
-                                         transformers_evidence)
+from consistency.contract.resolve import (Reading, check_spec, check_streams, possible, specforge_readings,
+                                         streams_of, transformers_evidence)
 from consistency.errors import InputError, UsageError
 from consistency.lint.draft import DraftInfo
 
@@ -34,6 +35,7 @@ class TrainingInfo:
     assumed: str | None = None  # which reading of a version-dependent convention was assumed
     readings: list[Reading] = field(default_factory=list)  # >1: the streams depend on what trained it
     evidence: str | None = None  # what in the draft narrowed the readings (or why nothing did)
+    appended: str | None = None  # the verifier's last state split off the ids (contract/ids.py split_appended)
 
     @property
     def ambiguous(self) -> bool:
@@ -45,7 +47,7 @@ def parse_ids(text: str) -> list[int] | None:
 
 
 def parse_trained_with(spec: str, num_layers: int | None, architecture: str | None = None,
-                       stamp: str | None = None) -> TrainingInfo:
+                       stamp: str | None = None, slots: int | None = None) -> TrainingInfo:
     """A file (our dump, a speculators/SpecForge training file, a contract .json/.yaml) or
     FRAMEWORK[@VER]:IDS, read for the target's ``architecture`` where the framework's
     reading depends on the model file (SpecForge through SGLang, docs/conventions.md).
@@ -66,11 +68,14 @@ def parse_trained_with(spec: str, num_layers: int | None, architecture: str | No
                          f"or {m.group('name')}:default for that framework's default ids")
     name, ids = m.group("name"), parse_ids(m.group("ids"))
     res = check_spec(name, "--trained-with", architecture)
+    appended = ""
+    if ids is not None:  # speculators' data-generation ids end with N, the verifier's last state (contract/ids.py)
+        ids, _last, appended = split_appended(ids, num_layers, name, slots)
     streams = streams_of(ids, name, num_layers, architecture).streams
     if ids is not None and streams is not None:
         check_streams(ids, streams, num_layers, what=f"--trained-with {spec}:", spec=name)
-    info = TrainingInfo(streams, f"--trained-with {spec} ({res.convention.meaning})", True, name, ids,
-                        assumed=res.assumed)
+    info = TrainingInfo(streams, f"--trained-with {spec} ({res.convention.meaning})" + (
+        f"; {appended}" if appended else ""), True, name, ids, assumed=res.assumed, appended=appended or None)
     if name.strip().lower() == "specforge":
         _specforge(info, ids, num_layers, architecture, stamp)
     return info
@@ -80,6 +85,11 @@ def _specforge(info: TrainingInfo, ids: list[int] | None, n: int | None, arch: s
     """Replace the one assumed SpecForge reading by every reading the draft leaves open."""
     readings, why = specforge_readings(ids, n, arch, stamp)
     info.readings, info.evidence = readings, why
+    if not readings:
+        info.streams, info.assumed = None, None
+        info.source += (f"; training unknown: no SpecForge reading of {ids} gives streams inside 0..{n} on this "
+                        "target, so none is a reading")
+        return
     if len(readings) == 1:
         info.streams = readings[0].streams
         narrowed = why is not None and transformers_evidence(stamp)[0] is not None
@@ -140,4 +150,11 @@ def from_draft(draft: DraftInfo, num_layers: int | None, architecture: str | Non
     if framework == "specforge":
         stamp = draft.config.get("transformers_version")
         _specforge(info, ids, num_layers, architecture, stamp if isinstance(stamp, str) else None)
+    elif not possible(info.streams, num_layers):
+        # e.g. ModelOpt's +1 on ids that already reach N: no training run fed a stream past N, so this
+        # is no reading of what training used (training unknown), not a mismatch to report
+        info.source = (f"training unknown: the draft config's {what} read as {framework} writes it ({conv.meaning}) "
+                       f"gives streams {info.streams}, outside 0..{num_layers} for a {num_layers}-layer target, which "
+                       "no training run can have fed; pass --trained-with to state what training used")
+        info.streams, info.assumed = None, None
     return info

@@ -19,12 +19,14 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
+from consistency.contract.ids import split_appended
 from consistency.contract.runtime_model import capture_limit
 from consistency.contract.versions import parse_version
 from consistency.contract.models import DumpMetadata, ModelInfo, RuntimeInfo
 from consistency.dump import dtypes, names, safetensors_io
 from consistency.dump.formats import speculators
-from consistency.dump.formats.base import ForeignDump, aux_info, resolve_claims, split_slots, tensor_meta
+from consistency.dump.formats.base import (Claims, ForeignDump, aux_info, rename, resolve_claims, split_slots,
+                                          tensor_meta)
 from consistency.dump.reader import META_KEY, TensorView
 from consistency.errors import InputError, UsageError
 
@@ -107,17 +109,34 @@ def _build(path: Path, fd: int, layer_ids: Sequence[int] | None, convention: str
     ids = TensorView(names.INPUT_IDS, tok.dtype, tok.shape, dtypes.BY_NAME[tok.dtype].storage, fd, tok.begin,  # type: ignore[arg-type]
                      path)
     tensors[names.INPUT_IDS], metas[names.INPUT_IDS] = ids, tensor_meta(ids, "vllm token_ids")
+    appended = _appended(claims, spec, k)
+    if appended:
+        notes.append(appended)
     for i, v in enumerate(split_slots(flat, k)):
+        if appended and i == k - 1 and claims.streams:  # the verifier's last state, not a draft slot
+            v = rename(v, names.hidden(claims.streams[-1]))
         tensors[v.name] = v
-        metas[v.name] = tensor_meta(v, f"vllm extract_hidden_states hidden_states[:, {i}]")
+        metas[v.name] = tensor_meta(v, f"vllm extract_hidden_states hidden_states[:, {i}]"
+                                    + (" (the verifier's last state, appended by data generation)"
+                                       if appended and i == k - 1 else ""))
     if claims.streams is None:
         notes.append("no --layer-ids: the slots' streams are not claimed; compare identifies them from the values")
     meta = DumpMetadata(side="serving", runtime=RuntimeInfo(name="vllm"), model=ModelInfo(hidden_size=h, dtype=hs.dtype),
-                        aux=aux_info(claims, k), tensors=metas,
+                        aux=aux_info(claims, k - 1 if appended else k), tensors=metas,
                         extra={"notes": notes, "source_format": {
                             "tool": NAME, "summary": f"vLLM extract_hidden_states, {t} tokens, {k} slots of {h}"
                             + (f" (streams {claims.streams})" if claims.streams else "")}})
     return ForeignDump(path, NAME, tensors, meta, fds=[fd])
+
+
+def _appended(claims: Claims, spec: str, k: int) -> str:
+    """Under ``--convention speculators`` the file is speculators' data generation: its last id is
+    the verifier's last state appended after the aux ids (contract/ids.py split_appended), read as
+    ``hidden.N`` like speculators' own hs files, never as a draft slot."""
+    if claims.native is None or len(claims.native) != k:
+        return ""
+    _aux, last, why = split_appended(claims.native, None, spec, slots=k - 1)
+    return why if last is not None else ""
 
 
 def _check_version(path: Path, spec: str, streams: list[int], k: int, notes: list[str]) -> None:
