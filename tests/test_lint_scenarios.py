@@ -328,3 +328,42 @@ def test_last_stream_is_silently_dropped_by_sglang_llama(tmp_path: Path) -> None
     assert "feeds 2 slot(s)" in shp.message and shp.severity.value == "error"
     fix = next(f.fix for f in rep.findings if f.code == "IDS002")
     assert "cannot capture stream 32" in fix
+
+
+# -- issue 34: generated axes (tests/scenarios/lint_axes.py) ------------------------------------
+# ids layout x training x runtime named or not (slot counts, the appended N), and methods x vLLM
+# releases; each expected verdict comes from the construction and the facts typed in lint_axes.
+
+from tests.scenarios import lint_axes as LA  # noqa: E402
+
+
+@pytest.mark.parametrize("case", LA.ids_cases(), ids=lambda c: c.name)
+def test_generated_ids_axes(case: LA.IdsCase, tmp_path: Path) -> None:
+    from test_lint_support import llama_target
+
+    spec, _fed = LA.training(case.train)
+    rep = Scenario(draft=case.config(), target=llama_target(n=LA.N), serve=None, runtime=case.runtime,
+                   trained_with=spec).run(tmp_path)
+    verdict, code = case.expect()
+    errors = codes(rep, "error")
+    assert rep.verdict == verdict, (case.name, rep.summary, sorted(errors))
+    if code is not None:
+        assert code in errors, (case.name, sorted(errors))
+    if case.runtime is None and verdict == "pass":
+        f = next((f for f in rep.findings if f.code == "IDS013"), None)
+        assert (f is not None and f.severity.value == "warning") is case.reading_dependent(), (case.name, f)
+    if case.train == "S+N":  # the appended verifier state is read as that, and said
+        assert rep.training_streams == LA.S and any("verifier's last state" in a for a in rep.assumptions)
+
+
+@pytest.mark.parametrize("case", LA.method_cases(), ids=lambda c: c.name)
+def test_generated_methods_by_vllm_release(case: LA.MethodCase) -> None:
+    from consistency.lint.engine import LintRequest, run_lint
+
+    rep = run_lint(LintRequest(serve=case.serve(), runtime=f"vllm@{case.release}" if case.release else "vllm",
+                               target=str(LLAMA8B)))
+    got = {f.severity.value for f in rep.findings if f.code == "MTH001"}
+    want = case.expect()
+    assert got == ({want} if want else set()), (case.name, [f.message for f in rep.findings if f.code == "MTH001"])
+    if want == "error":
+        assert rep.verdict == "fail"
