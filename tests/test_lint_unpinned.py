@@ -38,6 +38,16 @@ def test_seed_config_with_training_streams_and_no_runtime_fails() -> None:
     assert all(0 not in s for s in f.evidence["readings"].values())  # stream 0 is never what these ids name
 
 
+def test_seed_config_fails_even_without_the_target() -> None:
+    """Without --target the runtimes' default ids cannot be turned into streams, but a default
+    is [2, N//2, N-3] (SGLang's [1, N//2-1, N-4] + 1) for every N: never [0, 3, 31]."""
+    rep = run_lint(LintRequest(draft=str(SEED), trained_with="stream:0,3,31"))
+    assert rep.verdict == "fail" and "IDS013" in _errors(rep), rep.summary
+    ok = run_lint(LintRequest(draft=str(SEED), trained_with="stream:2,30,58"))
+    f = next(f for f in ok.findings if f.code == "IDS013")  # a default reading could be it: not checked, said
+    assert ok.verdict == "pass" and f.severity.value == "warning" and f.evidence["unknown"]
+
+
 def test_two_training_streams_for_a_three_slot_draft_fail_without_a_runtime(tmp_path: Path) -> None:
     rep = Scenario(runtime=None, serve=None, trained_with="stream:2,16").run(tmp_path)
     assert rep.verdict == "fail" and "IDS012" in _errors(rep), rep.summary
@@ -217,3 +227,30 @@ def test_compare_layer_ids_with_the_appended_n_declare_only_the_aux_slots(tmp_pa
 def test_docs_name_the_new_rules() -> None:
     for code in ("IDS012", "IDS013", "MTH001", "MTH002"):
         assert (ROOT / "docs" / "rules" / f"{code}.md").is_file()
+
+
+@pytest.mark.parametrize("convention", ["vllm", "speculators"])
+@pytest.mark.parametrize("aux", [[2, 6, 9], [1, 4]])
+@pytest.mark.parametrize("appended", [True, False])
+def test_vllm_reader_axes_appended_n(tmp_path: Path, convention: str, aux: list[int], appended: bool) -> None:
+    """vLLM extract_hidden_states files: aux ids with or without N appended, read under vLLM's own
+    convention (every slot a draft slot) or speculators' data generation (the last slot is the
+    verifier's last state). Expected names come from the construction."""
+    import numpy as np
+
+    from consistency.dump.sets import open_side
+
+    n = 12
+    ids = aux + [n] if appended else list(aux)
+    t = 8
+    hs = np.random.default_rng(len(ids)).standard_normal((t, len(ids), 16)).astype(np.float32)
+    f = tmp_path / "cmpl-1a2b3c.safetensors"
+    save_file({"hidden_states": torch.from_numpy(hs), "token_ids": torch.arange(t)}, str(f))
+    split = convention == "speculators"  # the file is data generation: its last slot is the verifier's state
+    with open_side(f, ids, convention) as d:
+        want_aux = len(ids) - 1 if split else len(ids)
+        assert sorted(k for k in d.tensors if k.startswith("aux.")) == [f"aux.{i}" for i in range(want_aux)]
+        assert d.metadata.aux.stream_ids == ids[:want_aux]
+        if split:
+            assert f"hidden.{ids[-1]}" in d.tensors
+            np.testing.assert_array_equal(np.asarray(d.tensors[f"hidden.{ids[-1]}"].read_all()), hs[:, -1])

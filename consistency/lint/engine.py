@@ -121,7 +121,9 @@ def build(req: LintRequest) -> _Built:
         ctx.alternatives = alternatives(ctx.runtime, ctx.draft, ctx.n, ctx.arch, moe, ctx.serve, ctx.version)
     elif ctx.draft is not None and ctx.draft.config:
         moe = ctx.target.is_moe if ctx.target else None
-        ctx.any_runtime = [a for rt in RUNTIMES for a in alternatives(rt, ctx.draft, ctx.n, ctx.arch, moe, None, None)]
+        # every runtime that can load the draft's format (SGLang has no speculators reader: SRV004)
+        rts = [rt for rt in RUNTIMES if not (rt == "sglang" and ctx.draft.format == "speculators")]
+        ctx.any_runtime = [a for rt in rts for a in alternatives(rt, ctx.draft, ctx.n, ctx.arch, moe, None, None)]
     if ctx.training is not None and not ctx.training.explicit:
         notes.append(f"training streams {ctx.training.source}")
     return _Built(ctx, notes)

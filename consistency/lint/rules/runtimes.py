@@ -94,19 +94,34 @@ def every_runtime(ctx: Context) -> Iterator[Hit]:
     rows = [(a.label, a.streams) for a in ctx.any_runtime if a.streams is not None]
     if not rows:
         raise NotEvaluated("no runtime's serving streams are known for this draft")
+    unknown = [a.label for a in ctx.any_runtime if a.streams is None]
+    if unknown and not any(_default_can_be(w) for w in wanted):
+        unknown = []  # those readings are a runtime default, and no layer count makes a default equal training
     pairs = [(lab, s, w) for lab, s in rows for w in wanted]
-    if all(s == w for _lab, s, w in pairs):
-        return
     n = ctx.n
     said = "; ".join(f"{lab}: {fmt_streams(s, n)}" for lab, s in rows)
     train = " or ".join(str(w) for w in wanted) + (" (depending on what trained the draft)" if len(wanted) > 1 else "")
-    ev = {"training": wanted, "readings": {lab: s for lab, s in rows}}
-    if all(s != w for _lab, s, w in pairs):
+    ev = {"training": wanted, "readings": {lab: s for lab, s in rows}, "unknown": unknown}
+    if all(s == w for _lab, s, w in pairs):
+        if unknown:
+            yield Hit(f"training used {train}, equal on {said}; what {'; '.join(unknown)} feeds is not known (the "
+                      "default ids need the target's layer count: --target), so it was not checked", W, evidence=ev)
+        return
+    if all(s != w for _lab, s, w in pairs) and not unknown:
         yield Hit(f"training used {train}, and no runtime or release reads the draft's ids as that: {said}",
                   E, key=cv.NESTED_IDS if d.ids(cv.NESTED_IDS) else cv.TOP_IDS, evidence=ev)
     else:
         yield Hit(f"training used {train}; whether the server feeds that depends on the runtime and release, "
-                  f"none named: {said} — name it (--runtime NAME@VERSION) to settle it", W, evidence=ev)
+                  f"none named: {said}" + (f"; {'; '.join(unknown)}: not known (--target)" if unknown else "")
+                  + " — name it (--runtime NAME@VERSION) to settle it", W, evidence=ev)
+
+
+def _default_can_be(streams: list[int] | None) -> bool:
+    """Whether some layer count N makes a runtime's default ids (contract/conventions.py) give ``streams``."""
+    if not streams:
+        return False
+    fns = {c.default_streams for c in cv.REGISTRY}
+    return any(f(n) == list(streams) for f in fns for n in range(max(streams), max(streams) + 8))
 
 
 def methods(ctx: Context) -> dict[str, str]:
