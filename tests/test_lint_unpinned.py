@@ -173,6 +173,10 @@ def test_vllm_022_defaults_qwen3_to_the_v2_runner_which_reads_only_top_level_ids
     assert q.serving.runner.startswith("v2") and "IDS001" in codes(q)
     ll = Scenario(target=llama_target(), **base).run(tmp_path / "l")
     assert ll.serving.runner.startswith("v1") and ll.serving_streams == [1, 15, 28]
+    # 0.22.0/0.23.0 keep a quantized target on V1 (_is_default_v2_model_runner_model: `not is_quantized`)
+    quant = llama_target(arch="Qwen3ForCausalLM", quantization_config={"quant_method": "fp8"})
+    qq = Scenario(target=quant, **base).run(tmp_path / "qq")
+    assert qq.serving.runner.startswith("v1") and "quantized" in qq.serving.runner
 
 
 def _vllm_file(path: Path, streams: list[int]) -> torch.Tensor:
@@ -200,9 +204,10 @@ def test_vllm_data_generation_file_reads_its_last_id_as_the_verifier_state(tmp_p
         assert d.metadata.aux.stream_ids == aux and f"hidden.{n}" in d.tensors and "aux.3" not in d.tensors
         assert any("verifier's last state" in x for x in d.metadata.extra["notes"])
     ref = record_reference(tiny("tiny-llama"), tok.numpy(), tmp_path / "train.safetensors", aux, force=True)
-    rep = run_compare(str(ref), str(f), cand_layer_ids=",".join(map(str, aux + [n])), convention="speculators")
-    assert rep.verdict == "pass", rep.summary
-    assert "EXTRA" not in {x.code for x in rep.findings}
+    for conv in ("speculators", "vllm"):  # vLLM's own convention: the reference records N, the last id is it
+        rep = run_compare(str(ref), str(f), cand_layer_ids=",".join(map(str, aux + [n])), convention=conv)
+        assert rep.verdict == "pass", (conv, rep.summary)
+        assert "EXTRA" not in {x.code for x in rep.findings}
 
 
 def test_compare_layer_ids_with_the_appended_n_declare_only_the_aux_slots(tmp_path: Path) -> None:

@@ -59,6 +59,7 @@ def run_request(req: CompareRequest) -> CompareReport:
     with ExitStack() as stack:
         ref = stack.enter_context(open_side(req.reference, ref_ids if ref_ids is not None else ids, conv))
         cand = stack.enter_context(open_side(req.candidate, cand_ids if cand_ids is not None else ids, conv))
+        cand = _with_n(cand, ref, stack)
         declared, dnotes = declare_ids(ref, ids, ref_ids, conv)
         notes += dnotes + apply_ids(cand, ids, cand_ids, conv, "--cand-layer-ids")
         if con is not None:
@@ -194,6 +195,17 @@ def apply_ids(d: Any, common: list[int] | None, own: list[int] | None, conventio
     d.metadata = meta
     what = f"{d.path.name}: streams {streams} from {flag if own is not None else '--layer-ids'} {ids}"
     return [what + (f" (it recorded {list(recorded)})" if recorded else "")] + list(claims.notes)
+
+
+def _with_n(cand: Any, ref: Any, stack: ExitStack) -> Any:
+    """A vLLM extract_hidden_states candidate whose ids end with the reference's N holds the
+    verifier's last state there, not a draft slot (contract/ids.py split_appended)."""
+    from consistency.dump.formats.vllm_hidden import with_target_layers
+
+    meta = getattr(ref, "metadata", None)
+    n = meta.model.num_layers if meta is not None and meta.model is not None else None
+    again = with_target_layers(cand, n) if getattr(cand, "format", None) == "vllm-extract-hidden-states" else None
+    return stack.enter_context(again) if again is not None else cand
 
 
 def _appended(ids: list[int], n: int | None, convention: str | None, slots: int | None) -> tuple[list[int], list[str]]:

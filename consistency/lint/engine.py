@@ -110,20 +110,23 @@ def build(req: LintRequest) -> _Built:
         notes.append(f"training side: {ctx.training.appended}")
     if ctx.target is not None:
         ctx.arch = arch_key(ctx.target.keys)
+    quant = (isinstance(ctx.target.config.get("quantization_config"), dict)
+             if ctx.target is not None and ctx.target.config else None)  # vLLM 0.22-0.23 keep quantized on V1
     if ctx.runtime:
         moe = ctx.target.is_moe if ctx.target else None
-        ctx.plan = serving_plan(ctx.runtime, ctx.version, ctx.draft, ctx.n, ctx.arch, moe, ctx.serve)
+        ctx.plan = serving_plan(ctx.runtime, ctx.version, ctx.draft, ctx.n, ctx.arch, moe, ctx.serve, quantized=quant)
         if ctx.version is None:
             ctx.plan.label = f"{ctx.runtime} (version not pinned)"
         if ctx.plan.runner:
             notes.append(f"vLLM {ctx.plan.runner.upper()} model runner: {ctx.plan.runner_why}")
         notes.extend(ctx.plan.assumptions)
-        ctx.alternatives = alternatives(ctx.runtime, ctx.draft, ctx.n, ctx.arch, moe, ctx.serve, ctx.version)
+        ctx.alternatives = alternatives(ctx.runtime, ctx.draft, ctx.n, ctx.arch, moe, ctx.serve, ctx.version, quant)
     elif ctx.draft is not None and ctx.draft.config:
         moe = ctx.target.is_moe if ctx.target else None
         # every runtime that can load the draft's format (SGLang has no speculators reader: SRV004)
         rts = [rt for rt in RUNTIMES if not (rt == "sglang" and ctx.draft.format == "speculators")]
-        ctx.any_runtime = [a for rt in rts for a in alternatives(rt, ctx.draft, ctx.n, ctx.arch, moe, None, None)]
+        ctx.any_runtime = [a for rt in rts for a in alternatives(rt, ctx.draft, ctx.n, ctx.arch, moe, None, None,
+                                                                  quant)]
     if ctx.training is not None and not ctx.training.explicit:
         notes.append(f"training streams {ctx.training.source}")
     return _Built(ctx, notes)

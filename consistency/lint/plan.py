@@ -75,7 +75,7 @@ def spec_of(plan: StreamPlan) -> str:
 
 def serving_plan(runtime: str, version: tuple[int, ...] | None, draft: DraftInfo | None, n: int | None,
                  arch: str | None, is_moe: bool | None, serve: ServeInfo | None,
-                 label: str | None = None) -> StreamPlan:
+                 label: str | None = None, quantized: bool | None = None) -> StreamPlan:
     spec = f"{runtime}@{vtext(version)}" if version else runtime
     res = streams_of(None, spec, None, arch)  # the convention (and what was assumed); streams come in _finish
     plan = StreamPlan(runtime, version, label or spec, res.convention, arch=arch)
@@ -88,7 +88,7 @@ def serving_plan(runtime: str, version: tuple[int, ...] | None, draft: DraftInfo
             v1_only = "parallel drafting"
         elif serve and (serve.pp or 1) > 1:
             v1_only = "EAGLE3 with pipeline parallelism"
-        plan.runner, plan.runner_why = vllm_runner(version, arch, is_moe, env, v1_only)
+        plan.runner, plan.runner_why = vllm_runner(version, arch, is_moe, env, v1_only, quantized)
     src = id_source(runtime, version, plan.runner)
     if draft is None or not draft.config:
         # no draft config was read (a hub id, a bare checkpoint): its ids, and so the streams, cannot be known;
@@ -145,7 +145,8 @@ def _finish(plan: StreamPlan, ids: list[int] | None, n: int | None) -> StreamPla
 
 
 def alternatives(runtime: str, draft: DraftInfo | None, n: int | None, arch: str | None, is_moe: bool | None,
-                 serve: ServeInfo | None, version: tuple[int, ...] | None) -> list[Alternative]:
+                 serve: ServeInfo | None, version: tuple[int, ...] | None,
+                 quantized: bool | None = None) -> list[Alternative]:
     """Streams under every known version range (when ``version`` is None, i.e. unpinned) and
     every architecture family (when the target is unknown); adjacent ranges that agree are
     merged, so one entry per distinct outcome remains."""
@@ -154,7 +155,7 @@ def alternatives(runtime: str, draft: DraftInfo | None, n: int | None, arch: str
     out: list[Alternative] = []
     for fam, a in archs.items():
         for lo, hi, rep in pinned:
-            p = serving_plan(runtime, rep, draft, n, a, is_moe, serve)
+            p = serving_plan(runtime, rep, draft, n, a, is_moe, serve, quantized=quantized)
             prev = out[-1] if out else None
             if prev and prev.family == fam and prev.streams == p.streams and prev.key == p.key and prev.hi == lo:
                 prev.hi = hi

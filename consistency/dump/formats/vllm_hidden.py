@@ -78,16 +78,20 @@ def open_dir(path: Path, layer_ids: Sequence[int] | None = None, convention: str
     return open_file(files[0], layer_ids, convention)
 
 
-def open_file(path: Path, layer_ids: Sequence[int] | None = None, convention: str | None = None) -> ForeignDump:
+def open_file(path: Path, layer_ids: Sequence[int] | None = None, convention: str | None = None,
+              num_layers: int | None = None) -> ForeignDump:
+    """``num_layers``: the target's N when another input records it; ids ending in N then hold the
+    verifier's last state after the aux slots (contract/ids.py split_appended)."""
     fd = safetensors_io.open_regular(path)
     try:
-        return _build(path, fd, layer_ids, convention)
+        return _build(path, fd, layer_ids, convention, num_layers)
     except BaseException:
         os.close(fd)
         raise
 
 
-def _build(path: Path, fd: int, layer_ids: Sequence[int] | None, convention: str | None) -> ForeignDump:
+def _build(path: Path, fd: int, layer_ids: Sequence[int] | None, convention: str | None,
+           num_layers: int | None = None) -> ForeignDump:
     hdr = safetensors_io.parse_header(path, fd)
     hs, tok = hdr.entries.get("hidden_states"), hdr.entries.get("token_ids")
     if hs is None or tok is None or len(hs.shape) != 3 or not dtypes.is_float(hs.dtype):
@@ -109,7 +113,7 @@ def _build(path: Path, fd: int, layer_ids: Sequence[int] | None, convention: str
     ids = TensorView(names.INPUT_IDS, tok.dtype, tok.shape, dtypes.BY_NAME[tok.dtype].storage, fd, tok.begin,  # type: ignore[arg-type]
                      path)
     tensors[names.INPUT_IDS], metas[names.INPUT_IDS] = ids, tensor_meta(ids, "vllm token_ids")
-    appended = _appended(claims, spec, k)
+    appended = _appended(claims, spec, k, num_layers)
     if appended:
         notes.append(appended)
     for i, v in enumerate(split_slots(flat, k)):
@@ -129,14 +133,27 @@ def _build(path: Path, fd: int, layer_ids: Sequence[int] | None, convention: str
     return ForeignDump(path, NAME, tensors, meta, fds=[fd])
 
 
-def _appended(claims: Claims, spec: str, k: int) -> str:
-    """Under ``--convention speculators`` the file is speculators' data generation: its last id is
-    the verifier's last state appended after the aux ids (contract/ids.py split_appended), read as
-    ``hidden.N`` like speculators' own hs files, never as a draft slot."""
+def _appended(claims: Claims, spec: str, k: int, n: int | None) -> str:
+    """The verifier's last state appended after the aux ids (contract/ids.py split_appended): the
+    last id is N (when N is known), or the file is speculators' data generation (``--convention
+    speculators``). Read as ``hidden.N`` like speculators' own hs files, never as a draft slot."""
     if claims.native is None or len(claims.native) != k:
         return ""
-    _aux, last, why = split_appended(claims.native, None, spec, slots=k - 1)
+    _aux, last, why = split_appended(claims.native, n, spec, slots=k - 1)
     return why if last is not None else ""
+
+
+def with_target_layers(d: ForeignDump, n: int | None) -> ForeignDump | None:
+    """``d`` opened again knowing the target's N (from the other side), when its ids end with N:
+    None when nothing changes."""
+    aux = d.metadata.aux if d.format == NAME and d.metadata is not None else None
+    if n is None or aux is None or not aux.native_ids or aux.native_ids[-1] != n or f"hidden.{n}" in d.tensors:
+        return None
+    again = open_file(d.path, list(aux.native_ids), aux.convention or "vllm", num_layers=n)
+    if f"hidden.{n}" not in again.tensors:
+        again.close()
+        return None
+    return again
 
 
 def _check_version(path: Path, spec: str, streams: list[int], k: int, notes: list[str]) -> None:
