@@ -94,6 +94,11 @@ def test_method_table_matches_what_the_wheels_say() -> None:
     assert M.support("vllm", M.DFLASH, (0, 19)).accepted is False and M.support("vllm", M.DFLASH, (0, 20)).accepted
     assert M.support("vllm", M.EAGLE3, (0, 10)).accepted is None  # older than the releases read: not known
     assert M.support("sglang", M.MEDUSA, (0, 5, 23)).accepted is False
+    # sglang spec_info.py: DFLASH absent in the 0.5.9 wheel, present in 0.5.12; 0.5.10-0.5.11 were not read
+    assert M.support("sglang", M.DFLASH, (0, 5, 9)).accepted is False
+    assert M.support("sglang", M.DFLASH, (0, 5, 11)).accepted is None
+    assert M.support("sglang", M.DFLASH, (0, 5, 12)).accepted is True
+    assert M.support("sglang", M.NGRAM, (0, 5, 5)).accepted is True
     assert M.accepted_anywhere(M.MLP) is False and M.accepted_anywhere(M.EAGLE3) is True
     assert set(M.METHODS) <= set(M.LABEL)
 

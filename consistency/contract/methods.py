@@ -4,8 +4,9 @@ A method a release removed (Medusa in vLLM 0.33.0) or never had (Medusa in SGLan
 start-up, or worse, is served as something else; a linter must know it before the server is
 built. Each row says the releases that accept the method and where that was read. vLLM rows
 come from the wheels on PyPI, 0.18.0 to 0.33.0 (``vllm/config/speculative.py``
-``SpeculativeMethod`` and ``vllm/model_executor/models/registry.py``); a release outside the
-range read (``CHECKED``) is "not known", never "accepted".
+``SpeculativeMethod`` and ``vllm/model_executor/models/registry.py``), SGLang rows from its wheels
+0.5.5 to 0.5.23 (``sglang/srt/speculative/spec_info.py``); a release outside the range read
+(``CHECKED``), or between two releases that disagree, is "not known", never "accepted".
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ _VREG = "vllm/model_executor/models/registry.py _SPECULATIVE_DECODING_MODELS"
 _SSPEC = "sglang python/sglang/srt/speculative/spec_info.py SpeculativeAlgorithm.from_string"
 
 # the releases whose source was read for each runtime; outside it nothing is claimed
-CHECKED: dict[str, VersionRange] = {"vllm": VersionRange((0, 18), None)}
+CHECKED: dict[str, VersionRange] = {"vllm": VersionRange((0, 18), None), "sglang": VersionRange((0, 5, 5), None)}
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,7 @@ class MethodRow:
     method: str
     accepted: VersionRange | None  # None: no release accepts it
     source: str
+    unread: VersionRange | None = None  # releases between those read, where the answer is not known
 
 
 ROWS: tuple[MethodRow, ...] = (
@@ -52,11 +54,17 @@ ROWS: tuple[MethodRow, ...] = (
     MethodRow("vllm", DFLASH, VersionRange((0, 20), None), f"{_VSPEC} (DFlashModelTypes 'dflash' from 0.20.0)"),
     MethodRow("vllm", PEAGLE, VersionRange((0, 22), None),
               f"{_VREG} 'PEagleDraftModel'/'PeagleLlamaForCausalLM' from 0.22.0 (method eagle3, parallel drafting)"),
-    MethodRow("sglang", MEDUSA, None, f"{_SSPEC}: no MEDUSA in any release (the name is refused at start-up)"),
-    MethodRow("sglang", MLP, None, f"{_SSPEC}: no MLP speculator in any release"),
-    MethodRow("sglang", EAGLE, VersionRange(), f"{_SSPEC} (EAGLE; NEXTN is rewritten to EAGLE)"),
-    MethodRow("sglang", EAGLE3, VersionRange(), f"{_SSPEC} (EAGLE3)"),
-    MethodRow("sglang", MTP, VersionRange(), f"{_SSPEC} (NEXTN, run as EAGLE on the target's MTP layers)"),
+    # SGLang wheels 0.5.5, 0.5.9, 0.5.12, 0.5.13, 0.5.17, 0.5.21, 0.5.23 (spec_info.py: the registered
+    # algorithms, 0.5.5/0.5.9; the SpeculativeAlgorithm enum, 0.5.12+)
+    MethodRow("sglang", MEDUSA, None, f"{_SSPEC}: no MEDUSA in any release read (0.5.5-0.5.23)"),
+    MethodRow("sglang", MLP, None, f"{_SSPEC}: no MLP speculator in any release read (0.5.5-0.5.23)"),
+    MethodRow("sglang", EAGLE, VersionRange(), f"{_SSPEC} (EAGLE, alias NEXTN; 0.5.5-0.5.23)"),
+    MethodRow("sglang", EAGLE3, VersionRange(), f"{_SSPEC} (EAGLE3; 0.5.5-0.5.23)"),
+    MethodRow("sglang", MTP, VersionRange(), f"{_SSPEC} (NEXTN, an alias of EAGLE on the target's MTP layers)"),
+    MethodRow("sglang", NGRAM, VersionRange(), f"{_SSPEC} (NGRAM; 0.5.5-0.5.23)"),
+    MethodRow("sglang", DFLASH, VersionRange((0, 5, 12), None),
+              f"{_SSPEC}: DFLASH in 0.5.12-0.5.23, not in 0.5.5 or 0.5.9 (0.5.10-0.5.11 not read)",
+              unread=VersionRange((0, 5, 10), (0, 5, 12))),
 )
 
 
@@ -80,6 +88,8 @@ def support(runtime: str, method: str, version: Version | None) -> Support:
     checked = CHECKED.get(runtime)
     if version is not None and checked is not None and not checked.covers(version) and row.accepted.covers(version):
         return Support(None, f"{at} is older than the releases read ({checked.label()})", row)
+    if version is not None and row.unread is not None and row.unread.covers(version):
+        return Support(None, f"{at} lies between the releases read for {LABEL.get(method, method)} ({row.source})", row)
     if row.accepted.covers(version):
         return Support(True, f"{at} accepts {LABEL.get(method, method)} ({row.source})", row)
     return Support(False, f"{at} does not accept {LABEL.get(method, method)}: accepted by {runtime} "
