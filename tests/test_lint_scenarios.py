@@ -367,3 +367,13 @@ def test_generated_methods_by_vllm_release(case: LA.MethodCase) -> None:
     assert got == ({want} if want else set()), (case.name, [f.message for f in rep.findings if f.code == "MTH001"])
     if want == "error":
         assert rep.verdict == "fail"
+
+
+@pytest.mark.parametrize("case", LA.sglang_method_cases(), ids=lambda c: c.name)
+def test_generated_methods_by_sglang_release(case: LA.SglangMethodCase) -> None:
+    from consistency.lint.engine import LintRequest, run_lint
+
+    rep = run_lint(LintRequest(serve=case.serve(), runtime=f"sglang@{case.release}", target=str(LLAMA8B)))
+    want = case.expect()
+    refusals = codes(rep, "error") & {"MTH001", "MDS001"}
+    assert refusals == ({want} if want else set()), (case.name, sorted(codes(rep, "error")))

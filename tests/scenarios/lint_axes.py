@@ -146,3 +146,34 @@ class MethodCase:
 
 def method_cases() -> list[MethodCase]:
     return [MethodCase(m, r) for m in METHODS for r in (*VLLM_RELEASES, None)]
+
+
+SGLANG_RELEASES = ("0.5.9", "0.5.12", "0.5.23")
+SGLANG_ALGOS = ("EAGLE3", "NGRAM", "DFLASH", "MEDUSA")
+
+
+@dataclass(frozen=True)
+class SglangMethodCase:
+    algo: str
+    release: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.algo}-sglang@{self.release}"
+
+    def serve(self) -> str:
+        return ("python -m sglang.launch_server --model-path meta-llama/Llama-3.1-8B-Instruct "
+                f"--speculative-algorithm {self.algo} --speculative-draft-model-path org/draft "
+                "--speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-draft-tokens 4")
+
+    def expect(self) -> str | None:
+        """The error code that must refuse it (spec_info.py per wheel: DFLASH from 0.5.12, no MEDUSA), or None."""
+        if self.algo == "MEDUSA":
+            return "MDS001"
+        if self.algo == "DFLASH" and tuple(int(x) for x in self.release.split(".")) < (0, 5, 12):
+            return "MTH001"
+        return None
+
+
+def sglang_method_cases() -> list[SglangMethodCase]:
+    return [SglangMethodCase(a, r) for a in SGLANG_ALGOS for r in SGLANG_RELEASES]
