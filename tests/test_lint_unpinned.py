@@ -48,6 +48,16 @@ def test_seed_config_fails_even_without_the_target() -> None:
     assert ok.verdict == "pass" and f.severity.value == "warning" and f.evidence["unknown"]
 
 
+def test_an_id_past_n_fails_without_a_runtime(tmp_path: Path) -> None:
+    n = 32
+    rep = Scenario(draft=sglang_config(ids=[1, 15, n + 1]), target=llama_target(n=n), serve=None, runtime=None,
+                   trained_with=None).run(tmp_path)
+    assert "IDS003" in _errors(rep) and rep.verdict == "fail", rep.summary
+    ok = Scenario(draft=sglang_config(ids=[1, 15, 28]), target=llama_target(n=n), serve=None, runtime=None,
+                  trained_with=None).run(tmp_path / "ok")
+    assert next(r.status for r in ok.rules if r.code == "IDS003") == "pass"
+
+
 def test_two_training_streams_for_a_three_slot_draft_fail_without_a_runtime(tmp_path: Path) -> None:
     rep = Scenario(runtime=None, serve=None, trained_with="stream:2,16").run(tmp_path)
     assert rep.verdict == "fail" and "IDS012" in _errors(rep), rep.summary

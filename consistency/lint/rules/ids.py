@@ -116,6 +116,9 @@ def _uncapturable(ctx: Context, streams: list[int]) -> str:
       "AuxHiddenStatePacker (0.5.17+); vllm EagleModelMixin (PR #36063), deepseek_v2.py (PR #46973)",
       "use ids whose streams lie in 0..N and that the runtime version captures; upgrade the runtime for stream 0/N")
 def out_of_range(ctx: Context) -> Iterator[Hit]:
+    if ctx.runtime is None and ctx.draft is not None and ctx.draft.config:
+        yield from _out_of_range_any(ctx, ctx.need_n())
+        return
     plan, n = ctx.need_plan(), ctx.need_n()
     if plan.config_order is None:
         raise NotEvaluated("serving streams unknown")
@@ -135,6 +138,16 @@ def out_of_range(ctx: Context) -> Iterator[Hit]:
                 else "raises at the first step")
         yield Hit(f"stream {n} (the last layer's output) is requested but {plan.label} {what} ({lim.source})",
                   key=plan.key)
+
+
+def _out_of_range_any(ctx: Context, n: int) -> Iterator[Hit]:
+    """No runtime named: an id j is stream j or j + 1 under every runtime's reading, so j < 0 or
+    j > N lies outside 0..N whichever runtime serves the draft."""
+    for key, ids in _present(ctx):
+        bad = [j for j in ids if j < 0 or j > n]
+        if bad:
+            yield Hit(f"{key} = {ids}: {bad} lie outside 0..{n} for a {n}-layer target under every runtime's "
+                      "reading (id j is stream j or j + 1): that slot is never filled", key=key)
 
 
 def _present(ctx: Context) -> list[tuple[str, list[int]]]:
