@@ -14,6 +14,7 @@ from collections.abc import Iterator
 
 from consistency.contract import conventions as cv
 from consistency.contract import methods as M
+from consistency.contract.ids import APPENDING
 from consistency.contract.models import Consumer
 from consistency.lint.context import Context, NotEvaluated
 from consistency.lint.plan import ID_KEYS
@@ -69,8 +70,12 @@ def slot_count(ctx: Context) -> Iterator[Hit]:
     k, how = slots
     if k not in counts:
         got = tr.streams if tr.streams is not None else []
+        hint = ""
+        if k + 1 in counts and (tr.convention or "").split("@")[0] in APPENDING and got:
+            hint = (f"; a data-generation list ends with N, the verifier's last state, but {got[-1]} is not N "
+                    f"({ctx.n if ctx.n is not None else 'unknown: pass --target'})")
         yield Hit(f"training fed {sorted(counts)[0]} aux stream(s) {list(got)} but the draft has {k} slot(s) ({how}): "
-                  "no runtime and no version can make these agree", evidence={"training": got, "slots": k})
+                  f"no runtime and no version can make these agree{hint}", evidence={"training": got, "slots": k})
 
 
 @rule("IDS013", "ids-mismatch-every-runtime", E, "no runtime named: the training streams differ from what every "
