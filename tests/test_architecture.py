@@ -139,3 +139,16 @@ def test_compare_and_dump_never_word_findings():
                 [node.module or ""] if isinstance(node, ast.ImportFrom) else []
             assert not any(m == "consistency.contract.findings" for m in mods), \
                 f"{f.relative_to(ROOT)} imports consistency.contract.findings: words belong in diagnose/"
+
+
+def test_findings_page_is_generated_from_the_registry():
+    """docs/findings.md is built from contract/codes.py and docs/findings/*.md; a hand edit of the
+    page (or a fragment edited without regenerating) drifted once unnoticed, so CI holds it here."""
+    from pathlib import Path
+
+    from consistency.contract import codes_doc
+
+    docs = Path(__file__).resolve().parents[1] / "docs"
+    assert codes_doc.stray(docs) == []
+    assert (docs / "findings.md").read_text() == codes_doc.render(docs), \
+        "docs/findings.md is stale: run python -m consistency.contract.codes_doc"
