@@ -1,0 +1,197 @@
+"""Issue 40: ``lint --diff`` / ``--fix``: the fix as data, written safely, and the fixed setup passes.
+
+Scenarios are generated across every (runtime, version range) boundary in the convention
+tables and every architecture family: a broken setup is built, ``--fix`` applied, and the
+fixed setup linted again; the expected ids come from the construction (the training streams)
+and are checked against the runtime model the demo's server shares (``served_streams``),
+not against the fix code's own computation.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from consistency.contract.conventions import FIRST_EAGLE3, NESTED_IDS, TOP_IDS
+from consistency.contract.fixes import get_key
+from consistency.contract.runtime_model import capture_limit, served_streams, version_points
+from consistency.contract.versions import vtext
+from consistency.errors import InputError
+from consistency.lint.engine import LintRequest, run_lint
+from consistency.lint.fix import plan, write
+from test_lint_mtp import NEXTN_DRAFT, SG_DRAFT, S, eagle1_config, eagle1_tensors
+from test_lint_support import Scenario, llama_target, sglang_config
+from tests.conftest import run_cli
+
+N = 32
+TRAINED = [3, 14, 27]  # streams training fed the draft: inside 1..N-1, capturable by every release
+ARCHS = {"LlamaForCausalLM": "llama", "DeepseekV3ForCausalLM": "deepseek", "GptOssForCausalLM": "gpt-oss"}
+
+
+def _versions(runtime: str) -> list[str]:
+    """One concrete release per range between the boundaries the tables know."""
+    out = []
+    for lo, _hi, _rep in version_points(runtime):
+        out.append(vtext(lo) if lo else vtext(FIRST_EAGLE3[runtime][0]))
+    return out
+
+
+POINTS = [(rt, v, a) for rt in ("sglang", "vllm") for v in _versions(rt) for a in ARCHS]
+
+
+def _req(p: dict[str, Any], s: Scenario) -> LintRequest:
+    return LintRequest(draft=p["draft"], target=p["target"], serve=p["serve"], runtime=s.runtime,
+                       trained_with=s.trained_with)
+
+
+def _fix(tmp: Path, s: Scenario) -> tuple[Any, Any, Any]:
+    """(report before, plan, report after --fix) for scenario ``s``."""
+    from dataclasses import replace
+
+    p = s.write(tmp)
+    req = _req(p, s)
+    before = run_lint(req)
+    fp = plan(before)
+    write(fp, Path(p["draft"]), force=False)
+    after = run_lint(replace(req, serve=fp.command) if fp.command else req)
+    return before, fp, after
+
+
+@pytest.mark.parametrize("runtime,version,arch", POINTS, ids=[f"{r}@{v}-{ARCHS[a]}" for r, v, a in POINTS])
+@pytest.mark.parametrize("broken", ["IDS002", "IDS001", "IDS003"])
+def test_broken_ids_fixed_at_every_boundary(tmp_path: Path, runtime: str, version: str, arch: str,
+                                            broken: str) -> None:
+    wrong = {"IDS002": [5, 10, 20], "IDS001": None, "IDS003": [3, 17, N + 5]}[broken]
+    draft = sglang_config(ids=wrong if runtime == "sglang" else None)
+    if runtime == "vllm" and wrong is not None:
+        draft[TOP_IDS] = wrong  # where every vLLM release reads first
+    s = Scenario(draft=draft, target=llama_target(n=N, arch=arch), serve=None,
+                 runtime=f"{runtime}@{version}", trained_with=f"stream:{','.join(map(str, TRAINED))}")
+    before, fp, after = _fix(tmp_path, s)
+    assert broken in {f.code for f in before.findings}, before.summary
+    assert after.verdict == "pass", (after.summary, [f.message for f in after.findings if f.severity.value != "info"])
+    cfg = json.loads((tmp_path / "draft" / "config.json").read_text())
+    key = NESTED_IDS if runtime == "sglang" else TOP_IDS  # the key each runtime reads (its source, cited in docs)
+    ids = get_key(cfg, key)
+    # independent check: the runtime model (shared with the demo's server) feeds training's streams
+    assert served_streams(f"{runtime}@{version}", ids, N, arch).streams == TRAINED, (key, ids)
+    assert json.loads((tmp_path / "draft" / "config.json.orig").read_text()) == s.draft  # the backup
+
+
+@pytest.mark.parametrize("runtime,version,arch", POINTS, ids=[f"{r}@{v}-{ARCHS[a]}" for r, v, a in POINTS])
+def test_embedding_fixed_where_the_release_captures_it_else_named(tmp_path: Path, runtime: str, version: str,
+                                                                 arch: str) -> None:
+    trained = [0, 16, 29]
+    s = Scenario(draft=sglang_config(ids=[5, 10, 20]), target=llama_target(n=N, arch=arch), serve=None,
+                 runtime=f"{runtime}@{version}", trained_with="stream:0,16,29")
+    p = s.write(tmp_path)
+    rep = run_lint(_req(p, s))
+    fx = next(f.autofix for f in rep.findings if f.code == "IDS002")
+    lim = capture_limit(runtime, tuple(int(x) for x in version.split(".")), arch)
+    if lim is not None and lim.first != "ok":
+        assert fx.status == "impossible" and "embedding" in fx.summary and not fx.edits
+        assert plan(rep).empty
+        up = fx.summary.split(f"use {runtime} >= ")[1].split(" ")[0] if ">=" in fx.summary else None
+        if up is not None:  # the release it names does capture it: re-lint there and the fix applies
+            s2 = s.copy(runtime=f"{runtime}@{up}")
+            _b, _fp, after = _fix(tmp_path / "up", s2)
+            assert after.verdict == "pass", after.summary
+    else:
+        _b, _fp, after = _fix(tmp_path / "ok", s)
+        assert after.verdict == "pass", after.summary
+        ids = get_key(json.loads((tmp_path / "ok" / "draft" / "config.json").read_text()),
+                      NESTED_IDS if runtime == "sglang" else TOP_IDS)
+        assert served_streams(f"{runtime}@{version}", ids, N, arch).streams == trained
+
+
+def test_unpinned_version_is_not_applied_and_names_the_input(tmp_path: Path) -> None:
+    s = Scenario(draft=sglang_config(ids=[5, 10, 20]), target=llama_target(n=N, arch="DeepseekV3ForCausalLM"),
+                 serve=None, runtime="sglang", trained_with="stream:1,16,29")  # [1,..]: PR #25454 reads it otherwise
+    rep = s.run(tmp_path)
+    fx = next(f.autofix for f in rep.findings if f.code == "IDS002")
+    assert fx.status == "ambiguous" and fx.decided_by.startswith("--runtime sglang@") and "<0.5.13" in fx.summary
+    assert plan(rep).empty
+
+
+def test_unknown_training_is_not_applied(tmp_path: Path) -> None:
+    s = Scenario(draft=sglang_config(ids=[5, 10, 20]), serve=None, runtime="sglang@0.5.23", trained_with=None,
+                 target=llama_target(n=N))
+    rep = s.run(tmp_path)
+    held = [f.autofix for f in rep.findings if f.autofix is not None]
+    assert all(h.status != "determined" for h in held)
+    assert plan(rep).empty
+
+
+@pytest.mark.parametrize("case", ["SRV001", "SRV003", "MTP006", "EG1001", "IDS009", "vllm-method"])
+def test_command_and_flag_fixes(tmp_path: Path, case: str) -> None:
+    base = Scenario(target=llama_target(n=N), trained_with="specforge:1,15,28")
+    s = {"SRV001": base.copy(serve=base.serve.replace("--speculative-num-steps 3", "--speculative-num-steps 1")
+                             .replace("--speculative-num-draft-tokens 4", "--speculative-num-draft-tokens 6")),
+         "SRV003": base.copy(serve=base.serve.replace("EAGLE3", "EAGLE")),
+         "MTP006": S(draft=NEXTN_DRAFT, serve=SG_DRAFT.replace("NEXTN", "EAGLE3")),
+         "EG1001": Scenario(draft=eagle1_config(), tensors=eagle1_tensors(), trained_with=None),
+         "IDS009": base.copy(draft=dict(sglang_config(), eagle_config={"eagle_aux_hidden_state_layer_ids": [1, 15, 28],
+                                                                       "use_aux_hidden_state": False})),
+         "vllm-method": base.copy(runtime="vllm@0.33.0", serve=(
+             "vllm serve meta-llama/Llama-3.1-8B-Instruct --dtype bfloat16 --speculative-config "
+             "'{\"method\": \"eagle\", \"model\": \"{draft}\", \"num_speculative_tokens\": 3}'"))}[case]
+    before, fp, after = _fix(tmp_path, s)
+    code = "SRV003" if case == "vllm-method" else case
+    assert code in {f.code for f in before.findings if f.severity.value == "error" or f.code == "SRV001"}
+    assert after.verdict == "pass", (after.summary, [f.message for f in after.findings if f.severity.value != "info"])
+    assert code not in {f.code for f in after.findings}
+    if case == "SRV001":
+        assert "--speculative-num-steps 5" in fp.command and "--speculative-num-draft-tokens 6" in fp.command
+    if case == "MTP006":
+        assert "--speculative-algorithm NEXTN" in fp.command
+    if case == "vllm-method":
+        assert '"method":"eagle3"' in fp.command
+    if case == "IDS009":
+        cfg = json.loads((tmp_path / "draft" / "config.json").read_text())
+        assert "use_aux_hidden_state" not in cfg["eagle_config"]
+
+
+def test_seed_story_cli_fix_then_pass(tmp_path: Path) -> None:
+    """The seed: ids [2, 30, 58] on Kimi-K2.5, training fed [0, 3, 31]; sglang 0.5.23 reads them as they are."""
+    root = Path(__file__).resolve().parents[1] / "fixtures" / "configs"
+    d = tmp_path / "seed"
+    d.mkdir()
+    (d / "config.json").write_text((root / "drafts" / "sglang" / "kimi-k2.5-eagle3-seed.json").read_text())
+    args = ("lint", "--draft", str(d), "--target", str(root / "targets" / "kimi-k2.5.json"),
+            "--trained-with", "stream:0,3,31")
+    r = run_cli(*args, "--runtime", "sglang@0.5.12", "--diff")
+    assert r.returncode == 1 and "cannot capture the embedding" in r.stdout and ">= 0.5.14" in r.stdout
+    assert not (d / "config.json.orig").exists()
+    r = run_cli(*args, "--runtime", "sglang@0.5.23", "--diff")
+    assert r.returncode == 1 and "-      2," in r.stdout and "+      0," in r.stdout
+    assert not (d / "config.json.orig").exists()  # --diff writes nothing
+    r = run_cli(*args, "--runtime", "sglang@0.5.23", "--fix")
+    assert r.returncode == 0 and "after the fix: PASS" in r.stdout, r.stdout + r.stderr
+    assert json.loads((d / "config.json").read_text())["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [0, 3, 31]
+    (d / "config.json").write_text((d / "config.json.orig").read_text())  # broken again: the backup blocks a 2nd fix
+    r = run_cli(*args, "--runtime", "sglang@0.5.23", "--fix")
+    assert r.returncode == 2 and "config.json.orig" in r.stderr and r.stderr.count("\n") == 1
+    assert r.stdout.count("+      0,") == 1  # the diff was shown; nothing was written
+    assert json.loads((d / "config.json").read_text())["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [2, 30, 58]
+    r = run_cli(*args, "--runtime", "sglang@0.5.23", "--fix", "--force")
+    assert r.returncode == 0, r.stderr
+
+
+def test_never_writes_through_a_symlink(tmp_path: Path) -> None:
+    s = Scenario(draft=sglang_config(ids=[5, 10, 20]), serve=None, runtime="sglang@0.5.23",
+                 trained_with="stream:2,16,29", target=llama_target(n=N))
+    p = s.write(tmp_path)
+    outside = tmp_path / "elsewhere.json"
+    cfg = tmp_path / "draft" / "config.json"
+    outside.write_text(cfg.read_text())
+    cfg.unlink()
+    os.symlink(outside, cfg)
+    before = outside.read_text()
+    rep = run_lint(_req(p, s))
+    with pytest.raises(InputError, match="symbolic link"):
+        write(plan(rep), Path(p["draft"]), force=True)
+    assert outside.read_text() == before and not (tmp_path / "draft" / "config.json.orig").exists()
