@@ -195,3 +195,33 @@ def test_never_writes_through_a_symlink(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="symbolic link"):
         write(plan(rep), Path(p["draft"]), force=True)
     assert outside.read_text() == before and not (tmp_path / "draft" / "config.json.orig").exists()
+
+
+def test_sarif_fixes_and_step_summary_show_the_diff_never_apply_it(tmp_path: Path) -> None:
+    from consistency.contract.fixtext import apply_edits
+    from consistency.report.ci_formats import markdown_summary
+    from consistency.report.sarif import lint_sarif
+
+    hostile = sglang_config(ids=[5, 10, 20])
+    hostile["eagle_config"]["note"] = "::error::pwned ##[set-output x]"  # a PR's bytes, in the diff's context
+    s = Scenario(draft=hostile, serve=Scenario().serve.replace("EAGLE3", "EAGLE"), runtime="sglang@0.5.23",
+                 trained_with="stream:3,14,27", target=llama_target(n=N))
+    rep = s.run(tmp_path).model_dump(mode="json")
+    cfg = tmp_path / "draft" / "config.json"
+    old = cfg.read_text()
+    sarif = lint_sarif(rep, base=tmp_path)
+    fixed = [r for r in sarif["runs"][0]["results"] if "fixes" in r]
+    assert [r["ruleId"] for r in fixed] == ["IDS002"]
+    text = old
+    for rp in sorted(fixed[0]["fixes"][0]["artifactChanges"][0]["replacements"],
+                     key=lambda x: -x["deletedRegion"]["charOffset"]):  # applied as a SARIF viewer would
+        o, n = rp["deletedRegion"]["charOffset"], rp["deletedRegion"]["charLength"]
+        text = text[:o] + rp["insertedContent"]["text"] + text[o + n:]
+    edit = next(f["autofix"] for f in rep["findings"] if f["code"] == "IDS002")["edits"]
+    assert text == apply_edits(old, [__import__("consistency.contract.fixes", fromlist=["Edit"]).Edit(**e)
+                                     for e in edit], str(cfg))
+    assert json.loads(text)["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [2, 13, 26]  # sglang: +1
+    md = markdown_summary({"verdict": "fail", "summary": "", "checks": [
+        {"kind": "lint", "name": "d", "verdict": "fail", "cases": [], "summary": "", "report": rep}]})
+    assert "```diff" in md and "+      2," in md and "--speculative-algorithm EAGLE3" in md
+    assert "pwned" in md and "::error::" not in md and cfg.read_text() == old  # shown inert, never applied

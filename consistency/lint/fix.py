@@ -11,14 +11,11 @@ can make, are listed with the input that decides them and never applied.
 
 from __future__ import annotations
 
-import difflib
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
 from consistency.contract.fixes import SERVE, Edit, Fix
+from consistency.contract.fixtext import apply_edits, unified
 from consistency.errors import InputError
 from consistency.escape import term
 from consistency.lint.fix_serve import corrected_command
@@ -84,60 +81,6 @@ def _read(path: Path) -> str:
         return path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise InputError(path, f"cannot read it to fix it: {exc.__class__.__name__}") from None
-
-
-def _indent(text: str) -> int | str | None:
-    for line in text.splitlines()[1:]:
-        stripped = line.lstrip(" \t")
-        if stripped and len(stripped) < len(line):
-            ws = line[: len(line) - len(stripped)]
-            return "\t" if ws.startswith("\t") else len(ws)
-    return None
-
-
-def apply_edits(text: str, edits: list[Edit], where: str) -> str:
-    """The config text with the edits applied, re-serialised in its own indentation."""
-    try:
-        cfg = json.loads(text)
-    except ValueError:
-        raise InputError(where, "is not valid JSON; nothing is fixed") from None
-    if not isinstance(cfg, dict):
-        raise InputError(where, "is not a JSON object; nothing is fixed")
-    for e in edits:
-        _set(cfg, e)
-    out = json.dumps(cfg, indent=_indent(text), ensure_ascii=not _non_ascii(text))
-    return out + ("\n" if text.endswith("\n") else "")
-
-
-def _non_ascii(text: str) -> bool:
-    return any(ord(c) > 127 for c in text)
-
-
-def _set(cfg: dict[str, Any], e: Edit) -> None:
-    *parents, last = e.key.split(".")
-    cur = cfg
-    for part in parents:
-        nxt = cur.get(part)
-        if not isinstance(nxt, dict):
-            if e.remove:
-                return
-            nxt = cur[part] = {}
-        cur = nxt
-    if e.remove:
-        cur.pop(last, None)
-    else:
-        cur[last] = e.new
-
-
-def unified(file: str, old: str, new: str) -> str:
-    p = Path(file)
-    try:
-        p = p.resolve().relative_to(Path.cwd().resolve()) if p.is_absolute() else p
-    except ValueError:
-        pass
-    a, b = (str(p), str(p)) if p.is_absolute() else (f"a/{p.as_posix()}", f"b/{p.as_posix()}")
-    return "".join(difflib.unified_diff(old.splitlines(keepends=True), new.splitlines(keepends=True),
-                                        fromfile=a, tofile=b))
 
 
 def diff_text(p: FixPlan) -> str:

@@ -135,7 +135,47 @@ def markdown_summary(report: dict[str, Any]) -> str:
             if c.get("doc"):
                 doc = str(c["doc"])
                 lines.append(f"  - see [{doc}]({doc})" if _SAFE_URL.fullmatch(doc) else f"  - see {_cell(doc)}")
-    return "\n".join(lines + ["", MD_TRAILER]) + "\n"  # the trailer: how a re-run knows its own file
+        if chk["kind"] == "lint":
+            lines += _fix_section(rep)
+    return "\n".join(lines + ["", MD_TRAILER]) + "\n"
+
+
+def _fix_section(rep: dict[str, Any]) -> list[str]:
+    """The lint's determined fixes as a diff (``consistency lint --fix`` writes it; CI never does),
+    the corrected command line, and the fixes held back with the input that decides them."""
+    from consistency.contract.fixes import SERVE, Edit
+    from consistency.contract.fixtext import apply_edits, unified
+    from consistency.errors import InputError
+
+    edits: dict[str, dict[str, Edit]] = {}
+    held: list[str] = []
+    for f in rep.get("findings", []):
+        fx = f.get("autofix") or {}
+        if fx.get("status") == "determined":
+            for e in fx.get("edits", []):
+                if e["file"] != SERVE:
+                    edits.setdefault(e["file"], {}).setdefault(e["key"], Edit(**e))
+        elif fx and (line := f"{f['code']}: {fx.get('summary', '')}" + (
+                f" (decided by {fx['decided_by']})" if fx.get("decided_by") else "")) not in held:
+            held.append(line)
+    body: list[str] = []
+    for file, by_key in edits.items():
+        try:
+            old = Path(file).read_text(encoding="utf-8")
+            body += unified(file, old, apply_edits(old, list(by_key.values()), file)).splitlines()
+        except (OSError, UnicodeDecodeError, InputError):
+            continue
+    if rep.get("fixed_serve"):
+        body += ["# corrected serving command (not run):", str(rep["fixed_serve"])]
+    if not body and not held:
+        return []
+    out = ["", "#### Suggested fix (not applied in CI: run `consistency lint ... --fix` locally)", ""]
+    if body:
+        text = [esc.term(b) for b in body]
+        fence = "`" * max(3, 1 + max((len(r) for t in text for r in re.findall(r"`+", t)), default=0))
+        out += [f"{fence}diff", *text, fence]
+    out += [f"- not applied, {_cell(h)}" for h in held]
+    return out  # the trailer: how a re-run knows its own file
 
 
 def _v(x: Any) -> str:
