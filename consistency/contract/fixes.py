@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from consistency.contract.conventions import NESTED_IDS, TOP_IDS
 from consistency.contract.resolve import streams_of
 from consistency.contract.runtime_model import capture_limit, id_source, range_label, version_points, vllm_runner
-from consistency.contract.versions import Version, vtext
+from consistency.contract.versions import Version, parse_version, vtext
 
 SERVE = "--serve"  # the `file` of an edit to the serving command line (printed, never run)
 
@@ -146,3 +146,29 @@ def get_key(cfg: Any, dotted: str) -> Any:
             return None
         cur = cur[part]
     return cur
+
+
+_FAMILIES = (None, "DeepseekV3ForCausalLM", "GptOssForCausalLM")  # model files whose id rule differs
+
+
+def served_fix(runtime_spec: str | None, n: int | None, arch: str | None, streams: list[int]) -> Fix | None:
+    """For compare/replay: the config edit that makes the candidate's runtime feed the
+    reference's ``streams`` (None when the runtime is not a serving runtime we model)."""
+    if not runtime_spec or n is None or not streams:
+        return None
+    name, _, ver = runtime_spec.partition("@")
+    if name not in ("sglang", "vllm"):
+        return None
+    try:
+        version = parse_version(ver) if ver else None
+    except ValueError:
+        version = None
+    if arch is not None:
+        return ids_fix("config.json", {}, name, version, n, arch, streams)
+    fixes = {f.model_dump_json(): f for f in (ids_fix("config.json", {}, name, version, n, a, streams)
+                                              for a in _FAMILIES)}
+    if len(fixes) == 1:
+        return next(iter(fixes.values()))
+    return Fix(status="ambiguous", summary=f"the ids to write on {runtime_spec} depend on the target's model file "
+               "(Llama-family, DeepSeek/Kimi, gpt-oss read ids differently)",
+               decided_by="the target's architecture (the dump's model.architecture, or lint --target)")
