@@ -225,3 +225,33 @@ def test_sarif_fixes_and_step_summary_show_the_diff_never_apply_it(tmp_path: Pat
         {"kind": "lint", "name": "d", "verdict": "fail", "cases": [], "summary": "", "report": rep}]})
     assert "```diff" in md and "+      2," in md and "--speculative-algorithm EAGLE3" in md
     assert "pwned" in md and "::error::" not in md and cfg.read_text() == old  # shown inert, never applied
+
+
+def test_seed_loop_closed_record_compare_replay(tmp_path: Path) -> None:
+    """tiny-llama, the seed scaled (training streams [0, 3, 7], served by SGLang 0.5.5 as [3, 7, 10]): compare's
+    fix names why 0.5.5 cannot serve it and the release that can; the ids it names there, recorded as that
+    server feeds them, compare PASS against training and replay shows the acceptance restored."""
+    from consistency.contract.fixes import served_fix
+
+    prompt = "Speculative decoding drafts several tokens with a small model and verifies them with the target."
+    train, broken, fixed = (str(tmp_path / f"{n}.safetensors") for n in ("train", "serve", "fixed"))
+    assert run_cli("record", "--model", "tiny-llama", "--prompt", prompt, "--aux-layers", "0,3,7", "-o",
+                   train).returncode == 0
+    assert run_cli("record", "--model", "tiny-llama", "--prompt", prompt, "--style", "serving", "--aux-layers",
+                   "2,6,9", "--convention", "sglang@0.5.5", "-o", broken).returncode == 0
+    r = run_cli("compare", train, broken, "--json", str(tmp_path / "r.json"))
+    assert r.returncode == 1
+    rep = json.loads((tmp_path / "r.json").read_text())
+    fx = next(f["autofix"] for f in rep["findings"] if f["code"] == "LAYER_MISMATCH")
+    assert fx["status"] == "impossible" and "use sglang >= 0.5.22" in fx["summary"]
+    good = served_fix("sglang@0.5.22", 12, "LlamaForCausalLM", [0, 3, 7])
+    assert good is not None and good.status == "determined"
+    ids = good.edits[0].new
+    assert good.edits[0].key == NESTED_IDS and ids == [-1, 2, 6]
+    assert run_cli("record", "--model", "tiny-llama", "--prompt", prompt, "--style", "serving",
+                   f"--aux-layers={','.join(map(str, ids))}", "--convention", "sglang@0.5.22", "-o",
+                   fixed).returncode == 0
+    assert run_cli("compare", train, fixed, "-q").returncode == 0
+    before = run_cli("replay", "--draft", "tiny-llama-eagle3", "--target", "tiny-llama", train, broken, "-q")
+    after = run_cli("replay", "--draft", "tiny-llama-eagle3", "--target", "tiny-llama", train, fixed, "-q")
+    assert before.returncode == 1 and after.returncode == 0, after.stdout + after.stderr
