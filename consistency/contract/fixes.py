@@ -95,14 +95,15 @@ def ids_for(runtime: str, version: Version | None, n: int, arch: str | None, str
         up = _upgrade(runtime, version, arch, True)
         how = "cannot capture the embedding" if lim.first == "error" else "is not known to capture the embedding"
         blocked.append(f"this release {how} (stream 0; {lim.source}): "
-                       + (f"use {runtime} >= {vtext(up)}" if up else f"no known {runtime} release does")
-                       + f" or retrain on streams 1..{n - 1}")
+                       + (f"use {runtime} >= {vtext(up)} or retrain" if up else
+                          f"no known {runtime} release does for this model file: retrain") + f" on streams 1..{n - 1}")
     if lim is not None and n in want and lim.last != "ok":
         up = _upgrade(runtime, version, arch, False)
         blocked.append(f"this release {'drops' if lim.last == 'dropped' else 'raises on'} stream {n} (the last "
                        f"layer's output; {lim.source}): "
-                       + (f"use {runtime} >= {vtext(up)}" if up else f"no known {runtime} release captures it")
-                       + f" or retrain on streams 0..{n - 1}")
+                       + (f"use {runtime} >= {vtext(up)} or retrain" if up else
+                          f"no known {runtime} release captures it for this model file: retrain")
+                       + f" on streams 0..{n - 1}")
     if ids is None and not blocked:
         blocked.append(f"no id list makes {label} feed streams {want} ({conv.meaning})")
     return IdsAnswer(key, ids, label, conv.meaning, "; ".join(blocked) or None)

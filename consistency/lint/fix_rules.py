@@ -15,6 +15,7 @@ from consistency.contract.fixes import SERVE, Edit, Fix, get_key, ids_fix
 from consistency.contract.models import Consumer
 from consistency.lint.context import Context
 from consistency.lint.fix_serve import flag_edit, method_edit
+from consistency.lint.kind import LABEL
 from consistency.lint.rules.base import Hit
 
 Proposer = Callable[[Context, Hit], Fix | None]
@@ -40,8 +41,8 @@ def _ids(ctx: Context, hit: Hit) -> Fix | None:
             decided_by="--trained-with DUMP|CONTRACT|FRAMEWORK[@sglang-VER]:IDS")
     if not tr.explicit:
         return _embedding_only(ctx) or Fix(
-            status="ambiguous", summary=f"training streams {tr.streams} are only assumed from the draft config "
-            f"({tr.source}); rewriting the config from its own claim proves nothing",
+            status="ambiguous", summary=f"training streams {tr.streams} are only assumed from the draft config's own "
+            "ids (a claim): rewriting the config from its own claim proves nothing",
             decided_by="--trained-with DUMP|CONTRACT|FRAMEWORK:IDS")
     return ids_fix(str(d.config_path), d.config, plan.runtime, plan.version, ctx.n, plan.arch, list(tr.streams),
                    plan.runner)
@@ -109,7 +110,7 @@ def _method(ctx: Context, hit: Hit) -> Fix | None:
         return Fix(status="ambiguous", summary=f"the command line has no --speculative-config to set \"method\": "
                    f"\"{want}\" in; its draft model and token count are the user's choice",
                    decided_by="--serve with a --speculative-config naming the draft and num_speculative_tokens")
-    return Fix(status="determined", summary=f"serve the {kind.value} draft with "
+    return Fix(status="determined", summary=f"serve the {LABEL.get(kind, kind.value)} draft with "
                + ("--speculative-algorithm " if s.runtime == "sglang" else "method ") + want, edits=edits)
 
 
