@@ -252,6 +252,29 @@ def test_seed_loop_closed_record_compare_replay(tmp_path: Path) -> None:
                    f"--aux-layers={','.join(map(str, ids))}", "--convention", "sglang@0.5.22", "-o",
                    fixed).returncode == 0
     assert run_cli("compare", train, fixed, "-q").returncode == 0
-    before = run_cli("replay", "--draft", "tiny-llama-eagle3", "--target", "tiny-llama", train, broken, "-q")
+    before = run_cli("replay", "--draft", "tiny-llama-eagle3", "--target", "tiny-llama", train, broken, "-q",
+                     "--json", str(tmp_path / "rp.json"))
     after = run_cli("replay", "--draft", "tiny-llama-eagle3", "--target", "tiny-llama", train, fixed, "-q")
     assert before.returncode == 1 and after.returncode == 0, after.stdout + after.stderr
+    drop = next(f for f in json.loads((tmp_path / "rp.json").read_text())["findings"] if f["code"] == "ACCEPTANCE_DROP")
+    assert drop["autofix"]["status"] == "impossible" and "sglang >= 0.5.22" in drop["fix"]  # replay names it too
+
+
+@pytest.mark.parametrize("runtime,ids,fixed", [("sglang@0.5.22", "2,6,9", [-1, 2, 6]),
+                                               ("vllm@0.33.0", "2,6,9", [0, 3, 7])])
+def test_compare_names_the_concrete_ids_for_the_candidates_runtime(tmp_path: Path, runtime: str, ids: str,
+                                                                   fixed: list[int]) -> None:
+    prompt = "The draft must see exactly the hidden states it was trained on."
+    train, serve = str(tmp_path / "t.safetensors"), str(tmp_path / "s.safetensors")
+    assert run_cli("record", "--model", "tiny-llama", "--prompt", prompt, "--aux-layers", "0,3,7", "-o",
+                   train).returncode == 0
+    assert run_cli("record", "--model", "tiny-llama", "--prompt", prompt, "--style", "serving", "--aux-layers", ids,
+                   "--convention", runtime, "-o", serve).returncode == 0
+    assert run_cli("compare", train, serve, "--json", str(tmp_path / "r.json")).returncode == 1
+    rep = json.loads((tmp_path / "r.json").read_text())
+    f = next(f for f in rep["findings"] if f["code"] == "LAYER_MISMATCH")
+    key = NESTED_IDS if runtime.startswith("sglang") else TOP_IDS
+    assert f["autofix"]["status"] == "determined" and f["autofix"]["edits"][0]["key"] == key
+    assert f["autofix"]["edits"][0]["new"] == fixed and f"set `{key}: {fixed}`" in f["fix"]
+    # the construction's check: that runtime, given those ids, feeds the training streams
+    assert served_streams(runtime, fixed, 12, "LlamaForCausalLM").streams == [0, 3, 7]

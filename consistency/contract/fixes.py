@@ -173,3 +173,21 @@ def served_fix(runtime_spec: str | None, n: int | None, arch: str | None, stream
     return Fix(status="ambiguous", summary=f"the ids to write on {runtime_spec} depend on the target's model file "
                "(Llama-family, DeepSeek/Kimi, gpt-oss read ids differently)",
                decided_by="the target's architecture (the dump's model.architecture, or lint --target)")
+
+
+def replay_fix(ref_streams: list[int] | None, cand_streams: list[int] | None, meta: Any) -> Fix | None:
+    """For replay's acceptance drop: when the candidate (a serving capture whose metadata names
+    its runtime) claims other streams than the reference holds, the edit that makes that
+    runtime feed the reference's. Claims only: the summary says so, and compare checks values."""
+    if not ref_streams or not cand_streams or sorted(set(ref_streams)) == sorted(set(cand_streams)) or meta is None:
+        return None
+    rt, model = getattr(meta, "runtime", None), getattr(meta, "model", None)
+    if rt is None or not rt.name or model is None:
+        return None
+    spec = rt.name + (f"@{rt.version}" if rt.version else "")
+    fx = served_fix(spec, model.num_layers, model.architecture, list(ref_streams))
+    if fx is None:
+        return None
+    why = (f"the candidate's capture claims streams {list(cand_streams)} where the reference holds "
+           f"{list(ref_streams)} (claims: `consistency compare` checks them on the values)")
+    return fx.model_copy(update={"summary": f"{why}; {fx.summary}"})
