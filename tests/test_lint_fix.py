@@ -278,3 +278,26 @@ def test_compare_names_the_concrete_ids_for_the_candidates_runtime(tmp_path: Pat
     assert f["autofix"]["edits"][0]["new"] == fixed and f"set `{key}: {fixed}`" in f["fix"]
     # the construction's check: that runtime, given those ids, feeds the training streams
     assert served_streams(runtime, fixed, 12, "LlamaForCausalLM").streams == [0, 3, 7]
+
+
+def test_fix_refuses_a_symlinked_directory_and_a_builtin_draft_but_fixes_a_named_config(tmp_path: Path) -> None:
+    s = Scenario(draft=sglang_config(ids=[5, 10, 20]), serve=None, runtime="sglang@0.5.23",
+                 trained_with="stream:3,14,27", target=llama_target(n=N))
+    p = s.write(tmp_path / "real")
+    link = tmp_path / "link"
+    os.symlink(p["draft"], link)
+    before = (Path(p["draft"]) / "config.json").read_text()
+    r = run_cli("lint", "--draft", str(link), "--target", p["target"], "--runtime", "sglang@0.5.23",
+                "--trained-with", "stream:3,14,27", "--fix")
+    assert r.returncode == 2 and "symbolic link" in r.stderr and r.stderr.count("\n") == 1, r.stderr
+    assert (Path(p["draft"]) / "config.json").read_text() == before
+    r = run_cli("lint", "--draft", "tiny-llama-eagle3", "--target", "tiny-llama", "--runtime", "sglang@0.5.23",
+                "--trained-with", "stream:1,2,3", "--fix")
+    assert r.returncode == 2 and "built-in draft" in r.stderr, r.stderr  # never a write into the package
+    named = tmp_path / "kimi-seed.json"  # a config given as a file: that file, and only it, is fixed
+    named.write_text(before)
+    r = run_cli("lint", "--draft", str(named), "--target", p["target"], "--runtime", "sglang@0.5.23",
+                "--trained-with", "stream:3,14,27", "--fix")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert get_key(json.loads(named.read_text()), NESTED_IDS) == [2, 13, 26]
+    assert (tmp_path / "kimi-seed.json.orig").read_text() == before

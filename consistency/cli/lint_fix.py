@@ -10,6 +10,7 @@ from consistency.errors import UsageError
 from consistency.escape import term
 from consistency.lint.engine import LintRequest, run_lint
 from consistency.lint.fix import diff_text, plan, write
+from consistency.lint.swapped import builtin
 from consistency.lint.report import LintReport
 
 
@@ -31,9 +32,11 @@ def diff_or_fix(req: LintRequest, rep: LintReport, apply: bool, force: bool, to_
         out.write("nothing written: no finding has a determined fix\n")
         return rep
     files = [f for f, (old, new) in p.texts.items() if old != new]
-    if files and (req.draft is None and (req.serve is None)):
-        raise UsageError("--fix needs the draft directory (--draft)")
-    written = write(p, _draft_dir(req, files), force) if files else []
+    if files and req.draft and builtin(req.draft, "--draft") is not None:
+        raise UsageError(f"--draft {req.draft} is a built-in draft: --fix never writes into the package (copy its "
+                         "directory and fix the copy)")
+    names = ("config.json",) + ((Path(req.draft).name,) if req.draft and Path(req.draft).is_file() else ())
+    written = write(p, _draft_dir(req, files), force, names) if files else []
     for f in written:
         out.write(term(f"fixed {f} (backup: {f}.orig)") + "\n")
     again = replace(req, serve=p.command) if p.command else req

@@ -103,26 +103,31 @@ def diff_text(p: FixPlan) -> str:
     return "\n".join(out) + "\n"
 
 
-def check_target(file: str, draft_dir: Path) -> Path:
-    """Refuse a write that is not the plain config.json inside the linted draft directory."""
+def check_target(file: str, draft_dir: Path, names: tuple[str, ...] = ("config.json",)) -> Path:
+    """Refuse a write that is not the draft config lint read, as a plain file directly inside
+    the linted draft directory, reached by no symbolic link (an HF cache snapshot's config.json
+    is a link into the blob store: it is refused, never rewritten)."""
     p = Path(file)
     if p.is_symlink():
         raise InputError(p, "is a symbolic link; --fix never writes through one")
-    real_dir = Path(os.path.realpath(draft_dir))
-    if Path(os.path.realpath(p)).parent != real_dir or p.name != "config.json":
-        raise InputError(p, f"is not the config.json of the draft directory {draft_dir}; --fix writes nothing else")
+    d = Path(os.path.abspath(draft_dir))
+    if os.path.realpath(d) != str(d):
+        raise InputError(draft_dir, f"is reached through a symbolic link ({os.path.realpath(d)}); --fix writes only "
+                                    "under a real path: pass that directory")
+    if Path(os.path.abspath(p)).parent != d or p.name not in names:
+        raise InputError(p, f"is not the draft config lint read in {draft_dir}; --fix writes nothing else")
     if not p.is_file():
         raise InputError(p, "is not a regular file; nothing is fixed")
     return p
 
 
-def write(p: FixPlan, draft_dir: Path, force: bool) -> list[str]:
+def write(p: FixPlan, draft_dir: Path, force: bool, names: tuple[str, ...] = ("config.json",)) -> list[str]:
     """Back up and atomically replace each fixed file; returns the paths written.
 
     Every check runs before the first write, so a refused fix leaves every file as it was."""
     from consistency.dump.atomic import write_text_atomic
 
-    targets = [(check_target(f, draft_dir), old, new) for f, (old, new) in p.texts.items() if old != new]
+    targets = [(check_target(f, draft_dir, names), old, new) for f, (old, new) in p.texts.items() if old != new]
     for path, old, _new in targets:
         bak = path.with_name(path.name + BACKUP_SUFFIX)
         if (bak.exists() or bak.is_symlink()) and not force:
