@@ -120,12 +120,17 @@ def ids_fix(file: str, current: dict[str, Any], runtime: str, version: Version |
                    "repeats a stream): every server fills slots in layer order, so no id list reproduces it; retrain "
                    "with ascending ids")
     if version is None:
-        answers = {}
-        for _lo, _hi, rep in version_points(runtime):
+        answers: dict[tuple[Any, ...], list[list[Version | None]]] = {}
+        for lo, hi, rep in version_points(runtime):
             a = ids_for(runtime, rep, n, arch, streams)
-            answers.setdefault((a.key, () if a.blocked else tuple(a.ids or ()), a.blocked), []).append(range_label(_lo, _hi))
+            spans = answers.setdefault((a.key, () if a.blocked else tuple(a.ids or ()), a.blocked), [])
+            if spans and spans[-1][1] == lo:
+                spans[-1][1] = hi  # adjacent ranges with one answer read as one range
+            else:
+                spans.append([lo, hi])
         if len(answers) > 1:
-            said = "; ".join(f"{', '.join(r)}: " + (b or f"{k} = {list(i)}") for (k, i, b), r in answers.items())
+            said = "; ".join(", ".join(range_label(lo, hi) for lo, hi in r) + ": " + (b or f"{k} = {list(i)}")
+                             for (k, i, b), r in answers.items())
             return Fix(status="ambiguous", summary=f"the ids to write depend on the {runtime} release: {said}",
                        decided_by=f"--runtime {runtime}@VERSION (the release that serves the draft)")
     a = ids_for(runtime, version, n, arch, streams, runner)
