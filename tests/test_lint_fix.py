@@ -303,3 +303,14 @@ def test_fix_refuses_a_symlinked_directory_and_a_builtin_draft_but_fixes_a_named
     assert r.returncode == 0, r.stdout + r.stderr
     assert get_key(json.loads(named.read_text()), NESTED_IDS) == [2, 13, 26]
     assert (tmp_path / "kimi-seed.json.orig").read_text() == before
+
+
+def test_a_non_object_parent_is_never_overwritten(tmp_path: Path) -> None:
+    draft = dict(sglang_config(ids=None), eagle_config="a string, not an object")
+    draft[TOP_IDS] = [5, 10, 20]
+    s = Scenario(draft=draft, serve=None, runtime="sglang@0.5.23", trained_with="stream:3,14,27",
+                 target=llama_target(n=N))
+    rep = s.run(tmp_path)
+    held = [f.autofix for f in rep.findings if f.autofix is not None]
+    assert held and all(h.status == "impossible" and "not a JSON object" in h.summary for h in held)
+    assert plan(rep).empty

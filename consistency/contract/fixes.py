@@ -136,6 +136,10 @@ def ids_fix(file: str, current: dict[str, Any], runtime: str, version: Version |
     a = ids_for(runtime, version, n, arch, streams, runner)
     if a.blocked or a.ids is None or a.key is None:
         return Fix(status="impossible", summary=a.blocked or f"no id list serves streams {streams} on {a.label}")
+    parent = a.key.rpartition(".")[0]
+    if parent and parent in current and not isinstance(get_key(current, parent), dict):
+        return Fix(status="impossible", summary=f"{parent} in the draft's config is not a JSON object: {a.label} reads "
+                   f"{a.key}; fix {parent} by hand (ids {a.ids} there), nothing is rewritten over it")
     old = get_key(current, a.key)
     if old == a.ids:
         return Fix(status="determined", summary=f"{a.key} already reads {a.ids} on {a.label}")

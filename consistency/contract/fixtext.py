@@ -35,7 +35,7 @@ def apply_edits(text: str, edits: list[Edit], where: str) -> str:
     if not isinstance(cfg, dict):
         raise InputError(where, "is not a JSON object; nothing is fixed")
     for e in edits:
-        _set(cfg, e)
+        _set(cfg, e, where)
     out = json.dumps(cfg, indent=_indent(text), ensure_ascii=not _non_ascii(text))
     return out + ("\n" if text.endswith("\n") else "")
 
@@ -44,12 +44,14 @@ def _non_ascii(text: str) -> bool:
     return any(ord(c) > 127 for c in text)
 
 
-def _set(cfg: dict[str, Any], e: Edit) -> None:
+def _set(cfg: dict[str, Any], e: Edit, where: str) -> None:
     *parents, last = e.key.split(".")
     cur = cfg
     for part in parents:
         nxt = cur.get(part)
-        if not isinstance(nxt, dict):
+        if nxt is not None and not isinstance(nxt, dict):
+            raise InputError(where, f"{part} is not a JSON object; nothing is fixed")
+        if nxt is None:
             if e.remove:
                 return
             nxt = cur[part] = {}
