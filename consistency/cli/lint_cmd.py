@@ -39,7 +39,9 @@ def lint(draft: str | None, target: str | None, serve: str | None, runtime: str 
 
     States what the server will feed the draft, slot by slot, in stream indices, next to
     what training used. Exit code 0 when no finding reaches --fail-on, 1 otherwise, 2 for
-    bad usage or unreadable input. Rules and fixes: docs/lint.md, docs/rules/.
+    bad usage or unreadable input. --diff shows the fixes the inputs determine; --fix writes
+    them into the draft's config.json and exits by the fixed setup's lint. Rules and fixes:
+    docs/lint.md, docs/rules/.
     """
     if explain:
         from consistency.lint.explain import explain as _explain

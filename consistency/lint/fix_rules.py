@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from consistency.contract.fixes import SERVE, Edit, Fix, get_key, ids_fix
+from consistency.contract.fixes import Edit, Fix, get_key, ids_fix, ids_for
 from consistency.contract.models import Consumer
 from consistency.lint.context import Context
 from consistency.lint.fix_serve import flag_edit, method_edit
@@ -59,8 +59,6 @@ def _embedding_only(ctx: Context) -> Fix | None:
             or (s == n and lim and lim.last != "ok")]
     if not asks:
         return None
-    from consistency.contract.fixes import ids_for
-
     a = ids_for(plan.runtime, plan.version, n, plan.arch, sorted(set(plan.config_order)), plan.runner)
     return Fix(status="impossible", summary=a.blocked or f"{plan.label} cannot capture streams {asks}") \
         if a.blocked else None
@@ -131,4 +129,4 @@ def propose(code: str, ctx: Context, hit: Hit) -> Fix | None:
     return fix
 
 
-__all__ = ["FIXERS", "SERVE", "propose"]
+__all__ = ["FIXERS", "propose"]
