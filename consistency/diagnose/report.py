@@ -132,6 +132,7 @@ def concrete_fixes(cmp: Comparison, findings: list[Finding], slots: list[SlotRep
     fx = served_fix(cmp.plan.cand.runtime, cmp.plan.num_layers, arch, [int(w) for w in want if w is not None])
     if fx is None:
         return findings
-    return [f.model_copy(update={"autofix": fx, "fix": fx.summary + (f" (decided by {fx.decided_by})"
-                                                                       if fx.decided_by else "")})
+    said = fx.summary + (f" (decided by {fx.decided_by})" if fx.decided_by else "")
+    return [f.model_copy(update={"autofix": fx, "fix": said if fx.status == "determined" else
+                                 f"{f.fix}; {cmp.plan.cand.runtime}: {said}"})
             if f.code in _ID_CODES else f for f in findings]
