@@ -205,7 +205,7 @@ def test_sarif_fixes_and_step_summary_show_the_diff_never_apply_it(tmp_path: Pat
     from consistency.report.sarif import lint_sarif
 
     hostile = sglang_config(ids=[5, 10, 20])
-    hostile["eagle_config"]["note"] = "::error::pwned ##[set-output x]"  # a PR's bytes, in the diff's context
+    hostile["eagle_config"]["note"] = "::error::pwned ##[set-output x] <b>`x`</b>"  # a PR's bytes, in the diff's context
     s = Scenario(draft=hostile, serve=Scenario().serve.replace("EAGLE3", "EAGLE"), runtime="sglang@0.5.23",
                  trained_with="stream:3,14,27", target=llama_target(n=N))
     rep = s.run(tmp_path).model_dump(mode="json")
@@ -225,8 +225,9 @@ def test_sarif_fixes_and_step_summary_show_the_diff_never_apply_it(tmp_path: Pat
     assert json.loads(text)["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [2, 13, 26]  # sglang: +1
     md = markdown_summary({"verdict": "fail", "summary": "", "checks": [
         {"kind": "lint", "name": "d", "verdict": "fail", "cases": [], "summary": "", "report": rep}]})
-    assert "```diff" in md and "+      2," in md and "--speculative-algorithm EAGLE3" in md
-    assert "pwned" in md and "::error::" not in md and cfg.read_text() == old  # shown inert, never applied
+    assert "<pre>" in md and "+      2," in md and "--speculative-algorithm EAGLE3" in md
+    assert "pwned" in md and "::error::" not in md and "<b>" not in md and "`x`" not in md  # shown inert
+    assert cfg.read_text() == old  # never applied
 
 
 def test_seed_loop_closed_record_compare_replay(tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ for the output it lands in: ``xml`` for JUnit, ``annotation_*`` for workflow com
 
 from __future__ import annotations
 
+import html
 import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -169,11 +170,9 @@ def _fix_section(rep: dict[str, Any]) -> list[str]:
         body += ["# corrected serving command (not run):", str(rep["fixed_serve"])]
     if not body and not held:
         return []
-    out = ["", "#### Suggested fix (not applied in CI: run `consistency lint ... --fix` locally)", ""]
-    if body:
-        text = [esc.term(b) for b in body]
-        fence = "`" * max(3, 1 + max((len(r) for t in text for r in re.findall(r"`+", t)), default=0))
-        out += [f"{fence}diff", *text, fence]
+    out = ["", f"#### Suggested fix (not applied in CI: run {esc.md_code('consistency lint ... --fix')} locally)", ""]
+    if body:  # an HTML <pre> block: no Markdown inside, every character of the config's lines escaped
+        out += ["<pre>", *(html.escape(esc.term(b), quote=False).replace("`", "&#96;") for b in body), "</pre>"]
     out += [f"- not applied, {_cell(h)}" for h in held]
     return out  # the trailer: how a re-run knows its own file
 
