@@ -24,16 +24,24 @@ import click
               help="Lowest severity that fails the run (exit 1).")
 @click.option("--quiet", "-q", is_flag=True, help="Text format: print only the verdict line.")
 @click.option("--no-info", is_flag=True, help="Text format: hide info findings (rules not evaluated).")
-@click.option("--force", is_flag=True, help="Overwrite an existing --output file.")
+@click.option("--force", is_flag=True, help="Overwrite an existing --output file (with --fix: an existing backup).")
+@click.option("--diff", "show_diff", is_flag=True,
+              help="Print the fixes as a unified diff and the corrected serving command; change nothing.")
+@click.option("--fix", "apply_fix", is_flag=True,
+              help="Write the determined fixes into the draft's config.json (backup: config.json.orig), print the "
+                   "corrected serving command (never run), and lint the fixed setup again (exit 0 only if it passes).")
 @click.option("--explain", metavar="CODE", help="Print a rule's page (MTP001, or its name) and exit.")
 def lint(draft: str | None, target: str | None, serve: str | None, runtime: str | None, trained_with: str | None,
          fmt: str, output: str | None, select: tuple[str, ...], ignore: tuple[str, ...], fail_on: str, quiet: bool,
-         no_info: bool, force: bool, explain: str | None = None) -> None:
+         no_info: bool, force: bool, explain: str | None = None, show_diff: bool = False,
+         apply_fix: bool = False) -> None:
     """Check a draft, its target and the serving settings before anything runs.
 
     States what the server will feed the draft, slot by slot, in stream indices, next to
     what training used. Exit code 0 when no finding reaches --fail-on, 1 otherwise, 2 for
-    bad usage or unreadable input. Rules and fixes: docs/lint.md, docs/rules/.
+    bad usage or unreadable input. --diff shows the fixes the inputs determine; --fix writes
+    them into the draft's config.json and exits by the fixed setup's lint. Rules and fixes:
+    docs/lint.md, docs/rules/.
     """
     if explain:
         from consistency.lint.explain import explain as _explain
@@ -45,9 +53,16 @@ def lint(draft: str | None, target: str | None, serve: str | None, runtime: str 
 
     if output:
         check_outputs([output], (draft, target, serve, trained_with), force)
-    rep = run_lint(LintRequest(draft=draft, target=target, serve=serve, runtime=runtime, trained_with=trained_with,
-                               select=select, ignore=ignore, fail_on=fail_on))
-    if fmt == "text":
+    req = LintRequest(draft=draft, target=target, serve=serve, runtime=runtime, trained_with=trained_with,
+                      select=select, ignore=ignore, fail_on=fail_on)
+    rep = run_lint(req)
+    if show_diff or apply_fix:
+        from consistency.cli.lint_fix import diff_or_fix
+
+        rep = diff_or_fix(req, rep, apply_fix, force, to_stderr=fmt != "text" and not output)
+    if fmt == "text" and (show_diff or apply_fix) and not output:
+        pass  # the diff (and, after --fix, the fixed setup's verdict) is the output, as ruff --diff does
+    elif fmt == "text":
         from consistency.lint.render import render
         from consistency.report.text import console
 

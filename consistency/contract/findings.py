@@ -12,6 +12,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from consistency.contract.codes import CODES, DOCS_URL, Code, CodeSpec, Severity, lookup, with_property  # noqa: F401
+from consistency.contract.fixes import Fix
 
 
 class Finding(BaseModel):
@@ -28,6 +29,8 @@ class Finding(BaseModel):
     fix: str | None = None
     source: str | None = None
     doc: str | None = None
+    autofix: Fix | None = Field(None, description="The fix as data (file, key, old, new) when the candidate's runtime "
+                                "is known: shown by the gate and SARIF, written only by `lint --fix`")
 
     @classmethod
     def make(cls, code: str, message: str, severity: Severity | None = None, **kw: Any) -> Finding:

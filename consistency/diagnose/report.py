@@ -41,6 +41,7 @@ def build(cmp: Comparison, findings: list[Finding], st: story_mod.Story | None =
             confidence=None if not r.ident or r.ident.confidence is None else float(f"{min(r.ident.confidence, 1e12):.4g}"),
             runner_up=r.ident.runner_up.name if r.ident and r.ident.runner_up else None,
             code=by_tensor.get(r.name, "OK")))
+    findings = concrete_fixes(cmp, findings, slots)
     pairs = {r.name: r.expected for r in cmp.results if r.expected}
     mdiff = metadiff.diff(cmp.ref.metadata, cmp.cand.metadata, pairs)
     if any(d.change.startswith("layout only") for d in mdiff):
@@ -111,3 +112,27 @@ def _as_col(cmp: Comparison, name: str | None, stream: int | None, cols: list[st
     if stream is not None and names.hidden(stream) in cols:
         return names.hidden(stream)
     return None
+
+
+_ID_CODES = ("LAYER_MISMATCH", "LAYER_OFFSET", "SLOT_SHIFT")
+
+
+def concrete_fixes(cmp: Comparison, findings: list[Finding], slots: list[SlotReport]) -> list[Finding]:
+    """A slot holding another stream, with the candidate's runtime known: the fix names the
+    ids to write, in that release's convention (contract/fixes.py, the same edit lint --fix writes)."""
+    if not any(f.code in _ID_CODES for f in findings):
+        return findings
+    from consistency.contract.fixes import served_fix
+
+    want = [s.expected_stream for s in slots]
+    if not want or any(w is None for w in want):
+        return findings
+    arch = next((m.model.architecture for m in (cmp.cand.metadata, cmp.ref.metadata)
+                 if m is not None and getattr(m, "model", None) is not None and m.model.architecture), None)
+    fx = served_fix(cmp.plan.cand.runtime, cmp.plan.num_layers, arch, [int(w) for w in want if w is not None])
+    if fx is None:
+        return findings
+    said = fx.summary + (f" (decided by {fx.decided_by})" if fx.decided_by else "")
+    return [f.model_copy(update={"autofix": fx, "fix": said if fx.status == "determined" else
+                                 f"{f.fix}; {cmp.plan.cand.runtime}: {said}"})
+            if f.code in _ID_CODES else f for f in findings]

@@ -21,6 +21,7 @@ from consistency.lint.configs import TargetInfo, read_target, target_from_config
 from consistency.lint.swapped import builtin, refuse_dump, swapped_draft, swapped_target
 from consistency.lint.context import Context, NotEvaluated
 from consistency.lint.draft import read_draft
+from consistency.lint.fix_rules import propose
 from consistency.lint.kind import LABEL, draft_kind, requested
 from consistency.lint.plan import alternatives, arch_key, serving_plan
 from consistency.lint.rules import Rule, select
@@ -197,7 +198,8 @@ def _evaluate(rule: Rule, ctx: Context) -> tuple[list[R.LintFinding], str]:
         sev = h.severity or rule.severity
         loc = _location(rule, h, ctx)
         out.append(R.LintFinding(code=rule.code, name=rule.name, severity=sev, message=h.message, source=rule.source,
-                                 fix=h.fix or rule.fix, doc=rule.doc, location=loc, evidence=h.evidence))
+                                 fix=h.fix or rule.fix, doc=rule.doc, location=loc, evidence=h.evidence,
+                                 autofix=propose(rule.code, ctx, h)))
     sevs = {f.severity for f in out}
     status = "fail" if Severity.error in sevs else ("warn" if Severity.warning in sevs else "pass")
     return out, status
@@ -266,6 +268,9 @@ def run_lint(req: LintRequest) -> R.LintReport:
         serving_streams=list(sv) if sv is not None else None, serving=_serving(ctx) if aux else None,
         slots=_slots(ctx) if aux else [],
         findings=findings, rules=results, counts=counts, assumptions=b.assumptions)
+    from consistency.lint.fix import plan as fix_plan
+
+    rep.fixed_serve = fix_plan(rep, read=False).command
     rep.seconds = time.perf_counter() - t0
     return rep
 

@@ -54,6 +54,11 @@ def render(rep: LintReport, con: Console, quiet: bool = False, show_info: bool =
                            + (f" ({term(f.location.key)})" if f.location.key else ""), style="dim")
             if f.severity != Severity.info and f.fix:
                 msg.append(f"\n  fix: {term(f.fix, multiline=True)}", style="cyan")
+            if f.severity != Severity.info and f.autofix is not None:  # the fix as data (lint/fix_rules.py)
+                a = f.autofix
+                msg.append("\n  [*] --fix applies: " + term(a.summary) if a.status == "determined" else
+                           f"\n  not auto-fixed ({a.status}): {term(a.summary)}"
+                           + (f"; decided by {term(a.decided_by)}" if a.decided_by else ""), style="cyan")
             if f.severity != Severity.info:
                 msg.append(f"\n  see {term(f.doc)} (source: {term(f.source)})", style="dim")
             ft.add_row(Text(f.severity.value, style=_STYLE[f.severity]), Text(term(f"{f.code} {f.name}")), msg)
@@ -66,6 +71,10 @@ def render(rep: LintReport, con: Console, quiet: bool = False, show_info: bool =
             "for lack of input")
     if na:
         tail += f", {len(na)} not applicable ({term(na[0].reason or 'another kind of draft')})"
+    fixable = sum(f.autofix is not None and f.autofix.status == "determined" and f.severity != Severity.info
+                  for f in rep.findings)
+    if fixable:
+        tail += f"; [*] {fixable} fixable: --diff shows, --fix writes"
     if rep.seconds is not None:
         tail += f"; {rep.seconds * 1000:.0f} ms"
     con.print(Text(tail, style="dim"))

@@ -12,6 +12,7 @@ from pydantic import BaseModel, Field
 
 from consistency.contract import schema
 from consistency.contract.findings import ReportHeader, Severity
+from consistency.contract.fixes import Fix
 
 
 class Location(BaseModel):
@@ -30,6 +31,8 @@ class LintFinding(BaseModel):
     doc: str | None = None
     location: Location | None = None
     evidence: dict[str, Any] = Field(default_factory=dict)
+    autofix: Fix | None = Field(None, description="The fix as data (file, key, old, new) and whether `lint --fix` "
+                                "may apply it (docs/lint.md#the-fix-model)")
 
 
 class RuleResult(BaseModel):
@@ -109,6 +112,8 @@ class LintReport(ReportHeader):
     rules: list[RuleResult] = Field(default_factory=list)
     counts: dict[str, int] = Field(default_factory=dict)
     assumptions: list[str] = Field(default_factory=list)
+    fixed_serve: str | None = Field(None, description="The serving command with every determined fix applied "
+                                    "(printed, never run)")
     seconds: float | None = None
 
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from consistency.contract.fixes import replay_fix
 from consistency.errors import InputError, UsageError
 from consistency.replay.chain import run_chain
 from consistency.replay.load import LoadedDraft, TargetParts, load_draft
@@ -104,6 +105,10 @@ def run_replay(draft: str | Path, target: str | Any | None, reference: str | Pat
     rs, cs = replay_side(d, ref, k, feed, mask), replay_side(d, cand, k, feed, mask)
     rep = build_report(d, tname, ref, cand, rs, cs, k, feed, max_drop_points, time.perf_counter() - t0, min_acceptance,
                        scored_on=scored_on)
+    fx = replay_fix(ref.claimed, cand.claimed, cand.meta)  # the aux-id edit, when the streams claimed differ
+    if fx is not None:
+        rep.findings = [f.model_copy(update={"autofix": fx, "fix": fx.summary}) if f.code == "ACCEPTANCE_DROP" else f
+                        for f in rep.findings]
     if where:
         rep.notes.insert(0, where)
     if why:

@@ -13,6 +13,7 @@ for the output it lands in: ``xml`` for JUnit, ``annotation_*`` for workflow com
 
 from __future__ import annotations
 
+import html
 import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -135,7 +136,45 @@ def markdown_summary(report: dict[str, Any]) -> str:
             if c.get("doc"):
                 doc = str(c["doc"])
                 lines.append(f"  - see [{doc}]({doc})" if _SAFE_URL.fullmatch(doc) else f"  - see {_cell(doc)}")
-    return "\n".join(lines + ["", MD_TRAILER]) + "\n"  # the trailer: how a re-run knows its own file
+        if chk["kind"] == "lint":
+            lines += _fix_section(rep)
+    return "\n".join(lines + ["", MD_TRAILER]) + "\n"
+
+
+def _fix_section(rep: dict[str, Any]) -> list[str]:
+    """The lint's determined fixes as a diff (``consistency lint --fix`` writes it; CI never does),
+    the corrected command line, and the fixes held back with the input that decides them."""
+    from consistency.contract.fixes import SERVE, Edit
+    from consistency.contract.fixtext import apply_edits, unified
+    from consistency.errors import InputError
+
+    edits: dict[str, dict[str, Edit]] = {}
+    held: list[str] = []
+    for f in rep.get("findings", []):
+        fx = f.get("autofix") or {}
+        if fx.get("status") == "determined":
+            for e in fx.get("edits", []):
+                if e["file"] != SERVE:
+                    edits.setdefault(e["file"], {}).setdefault(e["key"], Edit(**e))
+        elif fx and (line := f"{f['code']}: {fx.get('summary', '')}" + (
+                f" (decided by {fx['decided_by']})" if fx.get("decided_by") else "")) not in held:
+            held.append(line)
+    body: list[str] = []
+    for file, by_key in edits.items():
+        try:
+            old = Path(file).read_text(encoding="utf-8")
+            body += unified(file, old, apply_edits(old, list(by_key.values()), file)).splitlines()
+        except (OSError, UnicodeDecodeError, InputError):
+            continue
+    if rep.get("fixed_serve"):
+        body += ["# corrected serving command (not run):", str(rep["fixed_serve"])]
+    if not body and not held:
+        return []
+    out = ["", f"#### Suggested fix (not applied in CI: run {esc.md_code('consistency lint ... --fix')} locally)", ""]
+    if body:  # an HTML <pre> block: no Markdown inside, every character of the config's lines escaped
+        out += ["<pre>", *(html.escape(esc.term(b), quote=False).replace("`", "&#96;") for b in body), "</pre>"]
+    out += [f"- not applied, {_cell(h)}" for h in held]
+    return out  # the trailer: how a re-run knows its own file
 
 
 def _v(x: Any) -> str:

@@ -64,6 +64,7 @@ def lint_sarif(report: dict[str, Any], base: Path | None = None, include_info: b
             if loc.get("key"):
                 res["locations"][0]["logicalLocations"] = [{"fullyQualifiedName": esc.controls(loc["key"]),
                                                             "kind": "member"}]
+        _attach_fix(res, f.get("autofix"), base, report.get("fixed_serve"))
         results.append(res)
     return {
         "$schema": SARIF_SCHEMA, "version": "2.1.0",
@@ -75,3 +76,31 @@ def lint_sarif(report: dict[str, Any], base: Path | None = None, include_info: b
                            "serving_streams": report.get("serving_streams")},
         }],
     }
+
+
+def _attach_fix(res: dict[str, Any], fix: dict[str, Any] | None, base: Path, fixed_serve: str | None) -> None:
+    """SARIF ``fixes`` for a determined config edit (shown, never applied in CI); the fix as
+    data, and the corrected command line, in the result's properties."""
+    if not fix:
+        return
+    from consistency.contract.fixes import SERVE, Edit
+    from consistency.contract.fixtext import apply_edits, replacements
+    from consistency.errors import InputError
+
+    props = res.setdefault("properties", {})
+    props["autofix"] = fix
+    edits = [Edit(**e) for e in fix.get("edits", [])]
+    if fixed_serve and any(e.file == SERVE for e in edits):
+        props["fixed_serve"] = esc.controls(fixed_serve)
+    if fix.get("status") != "determined":
+        return
+    changes = []
+    for file in dict.fromkeys(e.file for e in edits if e.file != SERVE):
+        try:
+            old = Path(file).read_text(encoding="utf-8")
+            new = apply_edits(old, [e for e in edits if e.file == file], file)
+        except (OSError, UnicodeDecodeError, ValueError, InputError):
+            continue  # the file changed or went away since lint read it: no replacement to offer
+        changes.append({"artifactLocation": {"uri": _uri(file, base)}, "replacements": replacements(old, new)})
+    if changes:
+        res["fixes"] = [{"description": {"text": _msg(fix.get("summary", ""))}, "artifactChanges": changes}]
