@@ -62,9 +62,12 @@ def build(small: bool):  # noqa: ANN201
 class Hooks:
     """Forward hooks that capture streams the way a runtime patch would."""
 
-    def __init__(self, model, streams: list[int], naive: bool) -> None:  # noqa: ANN001
+    def __init__(self, model, streams: list[int], naive: bool, keep: bool = False) -> None:  # noqa: ANN001
         self.handles = []
         self.sink: list[torch.Tensor] = []
+        # keep: each captured tensor also copied on the device, in the same run (the self-check's
+        # reference); inside a CUDA-graph capture the copy is a static buffer every replay refreshes
+        self.keep: list[tuple[str, torch.Tensor]] | None = [] if keep else None
         layers = model.model.layers
         n = len(layers)
         for s in streams:
@@ -89,6 +92,8 @@ class Hooks:
             self.sink.append(t.cpu())  # blocks until the copy lands
         else:
             capture(name, t)
+            if self.keep is not None:
+                self.keep.append((name, t.detach().clone()))
 
     def remove(self) -> None:
         for h in self.handles:
@@ -171,7 +176,7 @@ def run(args: argparse.Namespace) -> dict:
         for mode in gmodes:
             graph_run.once(mode)
     verified = verify(model, ids, every, args.tmp) if "all" in modes else None
-    res: dict = {"verified_equal_to_naive_capture": verified, "dropped": dropped, "device": torch.cuda.get_device_name(), "torch": torch.__version__, "batch": args.batch,
+    res: dict = {"verified_same_run": verified, "dropped": dropped, "device": torch.cuda.get_device_name(), "torch": torch.__version__, "batch": args.batch,
                  "tokens": args.tokens, "decode_steps": args.decode_steps, "repeat": args.repeat,
                  "layers": n, "hidden": model.config.hidden_size, "modes": {}}
     if "off" in modes:
@@ -182,7 +187,7 @@ def run(args: argparse.Namespace) -> dict:
                 f"{k}_ratio": round(med[k] / base[k], 4) for k in med}
     if graph_run is not None:
         res["graph_modes"] = graph_run.summary(gmodes)
-        res["graph_verified_equal_to_eager"] = graph_run.verify(every, args.tmp)
+        res["graph_verified_same_run"] = graph_run.verify(every, args.tmp)
         res["verify_tokens"] = args.verify_tokens
     return res
 
@@ -265,72 +270,80 @@ class GraphRun:
         return out
 
     def verify(self, streams: list[int], tmp: Path) -> dict:
-        """The g_all graphs' recording of 3 decode steps equals the same steps run eagerly
-        (same static cache, same shapes), bit for bit; and the verify step's likewise."""
-        from consistency.dump.reader import open_dump
-        from consistency.record import Recorder
-
+        """Graphs captured with hooks that also copy each captured tensor into a static buffer
+        of their own (refreshed by every replay, like the recorder's): 3 decode replays and a
+        verify replay, recorded graph-safe; the dump equals the copies of the same replays."""
         st = self.steps
-        dec, ver = self.graphs["g_all"]
+        hooks = Hooks(self.model, streams, False, keep=True)
+        assert hooks.keep is not None
         with torch.no_grad():
             st.prefill(self.ids)
-            hooks = Hooks(self.model, streams, False)
-            with Recorder(tmp / "eager-steps.safetensors", force=True) as eager:
-                for _ in range(3):
-                    st.decode_body()
-                    st.advance()
-                st.set_verify(self.args.tokens + 3, torch.Generator().manual_seed(2))
-                st.verify_body()
-            hooks.remove()
-            st.prefill(self.ids)
             graphs.enable()
+            rec = AsyncRecorder(tmp / "capture.safetensors", force=True).prepare()
+            rec.__enter__()
+            try:
+                made = []
+                for body in (st.decode_body, st.verify_body):
+                    hooks.keep.clear()
+                    g = st.capture(body)  # warm-ups copy eagerly, then the capture: its copies are the last
+                    made.append((g, hooks.keep[-len(streams):]))
+            finally:
+                rec.discard()
+                hooks.remove()
+            (dec, dec_static), (ver, ver_static) = made
+            st.prefill(self.ids)
+            copies: list[tuple[str, torch.Tensor]] = []
             with AsyncRecorder(tmp / "graph-steps.safetensors", force=True) as rec:
                 for _ in range(3):
                     dec.replay()
+                    copies += [(n, b.clone()) for n, b in dec_static]
                     st.advance()
                 st.set_verify(self.args.tokens + 3, torch.Generator().manual_seed(2))
                 ver.replay()
+                copies += [(n, b.clone()) for n, b in ver_static]
             graphs.disable()
+        from consistency.dump.reader import open_dump
+
         with open_dump(rec.written) as d:
-            got = {n: d[n].read_all() for n in d.tensors}
             tagged = sum(1 for m in d.metadata.tensors.values() if m.graph is not None)
-        want = {n: a for n, (a, _dt) in eager.tensors.items()}
-        same = sorted(got) == sorted(want) and all(np.array_equal(got[n], want[n]) for n in want)
-        return {"captures": len(want), "equal": same, "tagged": tagged,
-                "differ": [n for n in want if n in got and not np.array_equal(got[n], want[n])][:8]}
+        return same(rec.written, copies) | {"tagged": tagged}
+
+
+def same(dump: Path, copies: list[tuple[str, torch.Tensor]]) -> dict:
+    """The dump against the device copies the same run took of the same tensors, bit for bit:
+    the k-th copy of a name is the dump's ``name#k`` (kernel non-determinism between two runs
+    cannot read as a recorder fault here)."""
+    from consistency.dump.reader import open_dump
+
+    counts: dict[str, int] = {}
+    differ: list[str] = []
+    with open_dump(dump) as d:
+        for name, t in copies:
+            k = counts[name] = counts.get(name, 0) + 1
+            key = name if k == 1 else f"{name}#{k}"
+            want = t.detach().contiguous().cpu()
+            want = (want.view(torch.int16).numpy().view(np.uint16) if want.dtype == torch.bfloat16 else want.numpy())
+            if key not in d.tensors or not np.array_equal(d[key].read_all().reshape(want.shape), want):
+                differ.append(key)
+        extra = len(d.tensors) - len(copies)
+    return {"captures": len(copies), "equal": not differ and extra == 0, "differ": differ[:8], "extra_in_dump": extra}
 
 
 def verify(model, ids: torch.Tensor, streams: list[int], tmp: Path) -> dict:  # noqa: ANN001
-    """The async recorder's dump holds exactly what a synchronous .cpu() capture sees:
-    a prefill (large captures) and two decode steps (small, batched captures)."""
-    from consistency.dump.reader import open_dump
+    """The async recorder's dump holds exactly what the model computed in the same run: a
+    prefill (large captures) and two decode steps (small, staged captures), each tensor also
+    copied on the device by the hook that captured it."""
 
-    def forward() -> None:
-        with torch.no_grad():
-            out = model(input_ids=ids, use_cache=True)
+    hooks = Hooks(model, streams, naive=False, keep=True)
+    with AsyncRecorder(tmp / "verify.safetensors", force=True, ring_bytes=2 << 30) as rec, torch.no_grad():
+        out = model(input_ids=ids, use_cache=True)
+        pkv, nxt = out.past_key_values, out.logits[:, -1:].argmax(-1)
+        for _ in range(2):
+            out = model(input_ids=nxt, past_key_values=pkv, use_cache=True)
             pkv, nxt = out.past_key_values, out.logits[:, -1:].argmax(-1)
-            for _ in range(2):
-                out = model(input_ids=nxt, past_key_values=pkv, use_cache=True)
-                pkv, nxt = out.past_key_values, out.logits[:, -1:].argmax(-1)
-
-    naive = Hooks(model, streams, naive=True)
-    forward()
-    naive.remove()
-    hooks = Hooks(model, streams, naive=False)
-    with AsyncRecorder(tmp / "verify.safetensors", force=True, ring_bytes=2 << 30) as rec:
-        forward()
     hooks.remove()
-    order = {f"hidden.{s}": i for i, s in enumerate(sorted(streams))}
-
-    def key(n: str) -> tuple[int, int]:
-        base, _, rep = n.partition("#")
-        return (int(rep or 1), order[base])
-
-    with open_dump(rec.written) as d:
-        names = sorted(d.tensors, key=key)
-        same = all(torch.equal(torch.from_numpy(d[n].read_all().view("int16")).view(torch.bfloat16), t)
-                   for n, t in zip(names, naive.sink, strict=True))
-    return {"captures": len(naive.sink), "equal": same, "dropped": sum(rec.dropped.values())}
+    assert rec.written is not None and hooks.keep is not None
+    return same(rec.written, hooks.keep) | {"dropped": sum(rec.dropped.values())}
 
 
 def main() -> None:
