@@ -10,13 +10,18 @@ Modes, interleaved round-robin so clock and thermal drift hit all of them alike:
   all          AsyncRecorder, every stream 0..N
   naive_aux3   the naive capture: tensor.cpu() inside the hook, 3 slots
   naive_all    the naive capture, every stream
-and, with ``--graphs`` (bench/graph_steps.py: a static KV cache, decode and target-verify
+  aux3_k/all_k aux3/all with the staging snapshot as an integer kernel, not cudaMemcpyAsync
+Self-checks (``verified_same_run``, ``graph_verified_same_run``): the dump equals copies the
+hooks took on the device of the very tensors captured, in the same run (two runs differ by
+kernel non-determinism, which is not the recorder's).
+And, with ``--graphs`` (bench/graph_steps.py: a static KV cache, decode and target-verify
 steps as ``torch.cuda.CUDAGraph`` replays, as SGLang and vLLM run them by default):
   g_off        graph replays, nothing recorded (the baseline of the g_ modes)
   g_aux3       graph-safe capture (consistency/record/graphs.py) of the 3 aux slots, every replay
   g_all        graph-safe capture of every stream, every replay
-Reported: median milliseconds per prefill (batch x tokens) and per decode step, and each
-mode's ratio to ``off``; for the g_ modes per decode replay and per verify replay
+Reported: median milliseconds per prefill (batch x tokens) and its ratio to ``off``; per
+eager decode step, the median over interleaved blocks (bench/decode_blocks.py) and the median
+(and quartiles) of each block's ratio to that block's ``off``; for the g_ modes per decode replay and per verify replay
 ([batch, verify-tokens] tokens), ratios to ``g_off``. Random bf16 weights built on the GPU;
 nothing is downloaded.
 """
@@ -37,9 +42,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from consistency.record import capture, graphs  # noqa: E402
+from bench.decode_blocks import decode_blocks, recorder  # noqa: E402
 from consistency.record.async_capture import AsyncRecorder  # noqa: E402
 
-MODES = ("off", "inert", "aux3", "all", "naive_aux3", "naive_all")
+MODES = ("off", "inert", "aux3", "all", "naive_aux3", "naive_all", "aux3_k", "all_k")
 GMODES = ("g_off", "g_aux3", "g_all")
 
 
@@ -118,7 +124,8 @@ def run(args: argparse.Namespace) -> dict:
     aux = [2, n // 2, n - 3]
     every = list(range(n + 1))
     spec = {"off": None, "inert": (aux, False, False), "aux3": (aux, False, True), "all": (every, False, True),
-            "naive_aux3": (aux, True, False), "naive_all": (every, True, False)}
+            "naive_aux3": (aux, True, False), "naive_all": (every, True, False), "aux3_k": (aux, False, True),
+            "all_k": (every, False, True)}
     ids = torch.randint(0, model.config.vocab_size, (args.batch, args.tokens), device="cuda")
     times: dict[str, dict[str, list[float]]] = {m: {"prefill": [], "decode": []} for m in MODES}
     dropped: dict[str, int] = {}
@@ -140,14 +147,10 @@ def run(args: argparse.Namespace) -> dict:
                     cache["next"] = out.logits[:, -1:].argmax(-1)
 
                 times[mode]["prefill"].append(timed(prefill))
-
-                def decode() -> None:
-                    pkv, nxt = cache["pkv"], cache["next"]
-                    for _ in range(args.decode_steps):
-                        out = model(input_ids=nxt, past_key_values=pkv, use_cache=True)
-                        pkv, nxt = out.past_key_values, out.logits[:, -1:].argmax(-1)
-
-                times[mode]["decode"].append(timed(decode) / args.decode_steps)
+                pkv, nxt = cache["pkv"], cache["next"]
+                for _ in range(2):  # the decode is timed in blocks (bench/decode_blocks.py)
+                    out = model(input_ids=nxt, past_key_values=pkv, use_cache=True)
+                    pkv, nxt = out.past_key_values, out.logits[:, -1:].argmax(-1)
         finally:
             if rec is not None:
                 rec.wait()
@@ -175,16 +178,27 @@ def run(args: argparse.Namespace) -> dict:
             once(mode)
         for mode in gmodes:
             graph_run.once(mode)
+    if modes and modes[0] == "off":
+        say(f"decode: {args.blocks} interleaved blocks of {args.decode_steps} steps")
+        blocks, bdropped = decode_blocks(
+            model, ids, modes, lambda m: Hooks(model, spec[m][0], spec[m][1]) if spec[m] else None,
+            lambda m: recorder(args.tmp, m, kernel=m.endswith("_k")) if spec[m] and spec[m][2] else None,
+            args.decode_steps, args.blocks, timed)
+        for m, n_ in bdropped.items():
+            dropped[m] = dropped.get(m, 0) + n_
     verified = verify(model, ids, every, args.tmp) if "all" in modes else None
+    if "all_k" in modes:
+        res_k = verify(model, ids, every, args.tmp, kernel=True)
     res: dict = {"verified_same_run": verified, "dropped": dropped, "device": torch.cuda.get_device_name(), "torch": torch.__version__, "batch": args.batch,
-                 "tokens": args.tokens, "decode_steps": args.decode_steps, "repeat": args.repeat,
+                 "tokens": args.tokens, "decode_steps": args.decode_steps, "blocks": args.blocks, "repeat": args.repeat,
                  "layers": n, "hidden": model.config.hidden_size, "modes": {}}
     if "off" in modes:
-        base = {k: statistics.median(times["off"][k]) for k in ("prefill", "decode")}
+        base = statistics.median(times["off"]["prefill"])
         for mode in modes:
-            med = {k: statistics.median(times[mode][k]) for k in ("prefill", "decode")}
-            res["modes"][mode] = {f"{k}_ms": round(v, 3) for k, v in med.items()} | {
-                f"{k}_ratio": round(med[k] / base[k], 4) for k in med}
+            med = statistics.median(times[mode]["prefill"])
+            res["modes"][mode] = {"prefill_ms": round(med, 3), "prefill_ratio": round(med / base, 4)} | blocks[mode]
+    if "all_k" in modes:
+        res["verified_same_run_kernel_copy"] = res_k
     if graph_run is not None:
         res["graph_modes"] = graph_run.summary(gmodes)
         res["graph_verified_same_run"] = graph_run.verify(every, args.tmp)
@@ -329,13 +343,15 @@ def same(dump: Path, copies: list[tuple[str, torch.Tensor]]) -> dict:
     return {"captures": len(copies), "equal": not differ and extra == 0, "differ": differ[:8], "extra_in_dump": extra}
 
 
-def verify(model, ids: torch.Tensor, streams: list[int], tmp: Path) -> dict:  # noqa: ANN001
+def verify(model, ids: torch.Tensor, streams: list[int], tmp: Path, kernel: bool = False) -> dict:  # noqa: ANN001
     """The async recorder's dump holds exactly what the model computed in the same run: a
     prefill (large captures) and two decode steps (small, staged captures), each tensor also
     copied on the device by the hook that captured it."""
 
     hooks = Hooks(model, streams, naive=False, keep=True)
-    with AsyncRecorder(tmp / "verify.safetensors", force=True, ring_bytes=2 << 30) as rec, torch.no_grad():
+    rec = AsyncRecorder(tmp / "verify.safetensors", force=True, ring_bytes=2 << 30).prepare()
+    rec._staging.kernel_copy = kernel
+    with rec, torch.no_grad():
         out = model(input_ids=ids, use_cache=True)
         pkv, nxt = out.past_key_values, out.logits[:, -1:].argmax(-1)
         for _ in range(2):
@@ -353,7 +369,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--tokens", type=int, default=2048)
-    ap.add_argument("--decode-steps", type=int, default=32)
+    ap.add_argument("--decode-steps", type=int, default=16, help="decode steps per timed block (and graph round)")
+    ap.add_argument("--blocks", type=int, default=40, help="interleaved eager decode blocks")
     ap.add_argument("--repeat", type=int, default=7)
     ap.add_argument("--small", action="store_true")
     ap.add_argument("--tmp", type=Path, default=Path("/tmp"))

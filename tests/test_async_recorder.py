@@ -87,3 +87,23 @@ def test_step_staging_packs_a_step_and_unpacks_it_bit_for_bit():
     assert len(st._views) == views and st.ends_step("hidden.9", 4 * ALIGN)  # full: ends the step too
     _buf, _used, items = st.take()
     assert np.array_equal(unpack(_buf.numpy(), items)["hidden.2#2"][0], torch_storage(x)[0])
+
+
+def test_step_staging_kernel_copy_keeps_every_bit():
+    """The integer-kernel snapshot (bitwise_or with 0 on the bits) is exact for every float
+    value, NaN payloads, -0.0 and infinities included; non-floats take copy_."""
+    from consistency.dump.dtypes import torch_storage
+    from consistency.record.staging import StepStaging, unpack
+
+    st = StepStaging(1 << 12, "cpu")
+    st.kernel_copy = True
+    bits = torch.tensor([0x7FC1, 0xFFFF, 0x8000, 0x7F80, 0xFF80, 0x0001, 0x3F80], dtype=torch.int32).to(torch.int16)
+    xs = {"bf16": bits.view(torch.bfloat16), "f32": torch.tensor([float("nan"), -0.0, float("inf"), 1e-45]),
+          "f64": torch.tensor([-0.0, 1.5]), "i64": torch.tensor([-1, 2**62])}
+    for name, x in xs.items():
+        st.put(name, name, x, x.numel() * x.element_size())
+    buf, used, items = st.take()
+    out = unpack(buf[:used].numpy(), items)
+    for name, x in xs.items():
+        got, want = out[name][0], torch_storage(x)[0]
+        assert got.dtype == want.dtype and np.array_equal(got.view(np.uint8), want.view(np.uint8)), name  # bits
