@@ -10,7 +10,10 @@ Modes, interleaved round-robin so clock and thermal drift hit all of them alike:
   all          AsyncRecorder, every stream 0..N
   naive_aux3   the naive capture: tensor.cpu() inside the hook, 3 slots
   naive_all    the naive capture, every stream
-  aux3_k/all_k aux3/all with the staging snapshot as an integer kernel, not cudaMemcpyAsync
+  aux3_step    aux3/all with every step's staged captures sent alone (staging flush_bytes 0)
+  all_step
+  aux3_base    aux3/all with the AsyncRecorder of another checkout (--baseline-tree): before/after
+  all_base     in the same run
 Self-checks (``verified_same_run``, ``graph_verified_same_run``): the dump equals copies the
 hooks took on the device of the very tensors captured, in the same run (two runs differ by
 kernel non-determinism, which is not the recorder's).
@@ -45,7 +48,7 @@ from consistency.record import capture, graphs  # noqa: E402
 from bench.decode_blocks import decode_blocks, recorder  # noqa: E402
 from consistency.record.async_capture import AsyncRecorder  # noqa: E402
 
-MODES = ("off", "inert", "aux3", "all", "naive_aux3", "naive_all", "aux3_k", "all_k")
+MODES = ("off", "inert", "aux3", "all", "naive_aux3", "naive_all", "aux3_step", "all_step", "aux3_base", "all_base")
 GMODES = ("g_off", "g_aux3", "g_all")
 
 
@@ -124,8 +127,8 @@ def run(args: argparse.Namespace) -> dict:
     aux = [2, n // 2, n - 3]
     every = list(range(n + 1))
     spec = {"off": None, "inert": (aux, False, False), "aux3": (aux, False, True), "all": (every, False, True),
-            "naive_aux3": (aux, True, False), "naive_all": (every, True, False), "aux3_k": (aux, False, True),
-            "all_k": (every, False, True)}
+            "naive_aux3": (aux, True, False), "naive_all": (every, True, False)}
+    spec |= {f"{m}_{v}": spec[m] for m in ("aux3", "all") for v in ("step", "base")}
     ids = torch.randint(0, model.config.vocab_size, (args.batch, args.tokens), device="cuda")
     times: dict[str, dict[str, list[float]]] = {m: {"prefill": [], "decode": []} for m in MODES}
     dropped: dict[str, int] = {}
@@ -133,8 +136,7 @@ def run(args: argparse.Namespace) -> dict:
     def once(mode: str) -> None:
         s = spec[mode]
         hooks = Hooks(model, s[0], s[1]) if s else None
-        rec = AsyncRecorder(args.tmp / f"{mode}.safetensors", force=True, max_host_bytes=64 << 30,
-                            ring_bytes=2 << 30).prepare() if s and s[2] else None
+        rec = recorder(args.tmp, mode, args.baseline_tree, ring_bytes=2 << 30) if s and s[2] else None
         if rec is not None:
             rec.__enter__()
         try:
@@ -182,13 +184,12 @@ def run(args: argparse.Namespace) -> dict:
         say(f"decode: {args.blocks} interleaved blocks of {args.decode_steps} steps")
         blocks, bdropped = decode_blocks(
             model, ids, modes, lambda m: Hooks(model, spec[m][0], spec[m][1]) if spec[m] else None,
-            lambda m: recorder(args.tmp, m, kernel=m.endswith("_k")) if spec[m] and spec[m][2] else None,
+            lambda m: recorder(args.tmp, m, args.baseline_tree) if spec[m] and spec[m][2] else None,
             args.decode_steps, args.blocks, timed)
         for m, n_ in bdropped.items():
             dropped[m] = dropped.get(m, 0) + n_
     verified = verify(model, ids, every, args.tmp) if "all" in modes else None
-    if "all_k" in modes:
-        res_k = verify(model, ids, every, args.tmp, kernel=True)
+
     res: dict = {"verified_same_run": verified, "dropped": dropped, "device": torch.cuda.get_device_name(), "torch": torch.__version__, "batch": args.batch,
                  "tokens": args.tokens, "decode_steps": args.decode_steps, "blocks": args.blocks, "repeat": args.repeat,
                  "layers": n, "hidden": model.config.hidden_size, "modes": {}}
@@ -197,8 +198,6 @@ def run(args: argparse.Namespace) -> dict:
         for mode in modes:
             med = statistics.median(times[mode]["prefill"])
             res["modes"][mode] = {"prefill_ms": round(med, 3), "prefill_ratio": round(med / base, 4)} | blocks[mode]
-    if "all_k" in modes:
-        res["verified_same_run_kernel_copy"] = res_k
     if graph_run is not None:
         res["graph_modes"] = graph_run.summary(gmodes)
         res["graph_verified_same_run"] = graph_run.verify(every, args.tmp)
@@ -343,15 +342,13 @@ def same(dump: Path, copies: list[tuple[str, torch.Tensor]]) -> dict:
     return {"captures": len(copies), "equal": not differ and extra == 0, "differ": differ[:8], "extra_in_dump": extra}
 
 
-def verify(model, ids: torch.Tensor, streams: list[int], tmp: Path, kernel: bool = False) -> dict:  # noqa: ANN001
+def verify(model, ids: torch.Tensor, streams: list[int], tmp: Path) -> dict:  # noqa: ANN001
     """The async recorder's dump holds exactly what the model computed in the same run: a
     prefill (large captures) and two decode steps (small, staged captures), each tensor also
     copied on the device by the hook that captured it."""
 
     hooks = Hooks(model, streams, naive=False, keep=True)
-    rec = AsyncRecorder(tmp / "verify.safetensors", force=True, ring_bytes=2 << 30).prepare()
-    rec._staging.kernel_copy = kernel
-    with rec, torch.no_grad():
+    with AsyncRecorder(tmp / "verify.safetensors", force=True, ring_bytes=2 << 30) as rec, torch.no_grad():
         out = model(input_ids=ids, use_cache=True)
         pkv, nxt = out.past_key_values, out.logits[:, -1:].argmax(-1)
         for _ in range(2):
@@ -377,7 +374,8 @@ def main() -> None:
     ap.add_argument("--out", type=Path)
     ap.add_argument("--graphs", action="store_true", help="also the g_ modes: decode and verify as CUDA-graph replays")
     ap.add_argument("--verify-tokens", type=int, default=4)
-    ap.add_argument("--modes", default=",".join(MODES + GMODES))
+    ap.add_argument("--modes", default=",".join(MODES[:6] + GMODES))
+    ap.add_argument("--baseline-tree", type=Path, help="a checkout whose AsyncRecorder the *_base modes time")
     args = ap.parse_args()
     args.modes = set(args.modes.split(","))
     res = run(args)

@@ -73,10 +73,25 @@ def decode_blocks(model: Any, ids: torch.Tensor, modes: list[str], hooks_for: Ca
     return res, dropped
 
 
-def recorder(tmp: Path, mode: str, kernel: bool = False) -> Any:
-    from consistency.record.async_capture import AsyncRecorder
-
-    rec = AsyncRecorder(tmp / f"{mode}-decode.safetensors", force=True, max_host_bytes=64 << 30,
-                        ring_bytes=512 << 20).prepare()
-    rec._staging.kernel_copy = kernel
+def recorder(tmp: Path, mode: str, baseline: Path | None = None, ring_bytes: int = 512 << 20) -> Any:
+    """The mode's AsyncRecorder: ``*_base`` from the checkout ``baseline`` (loaded under another
+    module name, sharing this checkout's capture()), ``*_step`` sending every step alone."""
+    cls = _baseline(baseline) if mode.endswith("_base") else None
+    if cls is None:
+        from consistency.record.async_capture import AsyncRecorder as cls
+    rec = cls(tmp / f"{mode}.safetensors", force=True, max_host_bytes=64 << 30, ring_bytes=ring_bytes).prepare()
+    if mode.endswith("_step"):
+        rec._staging.flush_bytes = 0
     return rec
+
+
+def _baseline(tree: Path | None) -> Any:
+    import importlib.util
+
+    if tree is None:
+        raise SystemExit("the *_base modes need --baseline-tree")
+    spec = importlib.util.spec_from_file_location("baseline_async_capture", tree / "consistency/record/async_capture.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.AsyncRecorder

@@ -29,13 +29,24 @@ from consistency.record.async_capture import AsyncRecorder  # noqa: E402
 
 
 class TimedHooks(Hooks):
-    def __init__(self, *a, **kw) -> None:  # noqa: ANN002, ANN003
+    """``how``: "capture" (the recorder), "noop" (the hook's own cost), "copy" (one device copy
+    into a buffer of the hook's own: the floor of any snapshot)."""
+
+    def __init__(self, *a, how: str = "capture", **kw) -> None:  # noqa: ANN002, ANN003
         super().__init__(*a, **kw)
         self.spent: list[float] = []
+        self.how = how
+        self.bufs: dict[str, torch.Tensor] = {}
 
     def _take(self, name: str, t: torch.Tensor, naive: bool) -> None:
         t0 = time.perf_counter()
-        super()._take(name, t, naive)
+        if self.how == "capture":
+            super()._take(name, t, naive)
+        elif self.how == "copy":
+            b = self.bufs.get(name)
+            if b is None or b.shape != t.shape:
+                b = self.bufs[name] = torch.empty_like(t)
+            b.copy_(t)
         self.spent.append(time.perf_counter() - t0)
 
 
@@ -49,14 +60,19 @@ def main() -> None:
     args = ap.parse_args()
     model = build(args.small)
     n = model.config.num_hidden_layers
-    spec = {"off": None, "aux3": [2, n // 2, n - 3], "all": list(range(n + 1))}
+    aux = [2, n // 2, n - 3]
+    # mode -> (streams, how, wait for the prefill's captures before the decode is timed)
+    spec = {"off": None, "noop3": (aux, "noop", False), "copy3": (aux, "copy", False), "aux3": (aux, "capture", False),
+            "aux3_waited": (aux, "capture", True), "all": (list(range(n + 1)), "capture", False),
+            "all_waited": (list(range(n + 1)), "capture", True), "copy_all": (list(range(n + 1)), "copy", False)}
     ids = torch.randint(0, model.config.vocab_size, (1, args.tokens), device="cuda")
     res: dict = {"code": str(ROOT), "modes": {}}
 
     def once(mode: str, profile: bool = False) -> tuple[float, list[float], dict]:
-        hooks = TimedHooks(model, spec[mode], False) if spec[mode] else None
+        sp = spec[mode]
+        hooks = TimedHooks(model, sp[0], False, how=sp[1]) if sp else None
         rec = AsyncRecorder("/tmp/probe.safetensors", force=True, max_host_bytes=64 << 30,
-                            ring_bytes=2 << 30).prepare() if spec[mode] else None
+                            ring_bytes=2 << 30).prepare() if sp and sp[1] == "capture" else None
         if rec is not None:
             rec.__enter__()
         calls: dict = {}
@@ -65,6 +81,8 @@ def main() -> None:
                 out = model(input_ids=ids, use_cache=True)
                 pkv, nxt = out.past_key_values, out.logits[:, -1:].argmax(-1)
                 torch.cuda.synchronize()
+                if rec is not None and sp[2]:
+                    rec.wait()
                 if hooks:
                     hooks.spent.clear()
 

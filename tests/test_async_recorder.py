@@ -59,18 +59,18 @@ def test_step_staging_packs_a_step_and_unpacks_it_bit_for_bit():
     from consistency.dump.dtypes import torch_storage
     from consistency.record.staging import ALIGN, StepStaging, unpack
 
-    st = StepStaging(4 * ALIGN, "cpu")
+    st = StepStaging(4 * ALIGN, "cpu", flush_bytes=0)  # every step leaves alone
     g = torch.Generator().manual_seed(0)
     step = [("hidden.2", torch.randn(1, 1, 40, generator=g).bfloat16()),  # 80 bytes
             ("ids", torch.tensor([7, -3, 2**40])),
             ("mask", torch.tensor([True, False, True])),
             ("hidden.5", torch.randn(2, 30, generator=g))]  # 240 bytes: the 4th ALIGN span
     for i, (name, t) in enumerate(step):
-        assert not st.ends_step(name, t.numel() * t.element_size())
+        assert not st.due(name, t.numel() * t.element_size())
         st.put(f"{name}#1", name, t, t.numel() * t.element_size())
         assert st.at == (i + 1) * ALIGN
-    assert st.ends_step("hidden.2", 80)  # the next step's first capture
-    assert StepStaging(4 * ALIGN, "cpu").ends_step("hidden.2", 80) is False  # nothing staged: nothing to end
+    assert st.due("hidden.2", 80)  # the next step's first capture
+    assert StepStaging(4 * ALIGN, "cpu").due("hidden.2", 80) is False  # nothing staged: nothing to send
     buf, used, items = st.take()
     assert used == 4 * ALIGN and not st.items and not st.names
     out = unpack(buf[:used].numpy(), items)
@@ -84,26 +84,16 @@ def test_step_staging_packs_a_step_and_unpacks_it_bit_for_bit():
     views = len(st._views)
     x = torch.ones(1, 1, 40).bfloat16()
     st.put("hidden.2#2", "hidden.2", x, 80)
-    assert len(st._views) == views and st.ends_step("hidden.9", 4 * ALIGN)  # full: ends the step too
+    assert len(st._views) == views and st.due("hidden.9", 4 * ALIGN)  # full: sent whatever the step
     _buf, _used, items = st.take()
     assert np.array_equal(unpack(_buf.numpy(), items)["hidden.2#2"][0], torch_storage(x)[0])
+    # with flush_bytes, whole steps gather until the batch holds that many bytes
+    st = StepStaging(8 * ALIGN, "cpu", flush_bytes=3 * ALIGN)
+    for k in range(1, 4):
+        for name in ("a", "b"):
+            sent = st.due(name, 80)
+            assert sent == (k == 3 and name == "a"), (k, name)  # the third step's start: 2 steps staged, 4 spans
+            if sent:
+                assert [i[0] for i in st.take()[2]] == ["a#1", "b#1", "a#2", "b#2"]
+            st.put(f"{name}#{k}", name, x, 80)
 
-
-def test_step_staging_kernel_copy_keeps_every_bit():
-    """The integer-kernel snapshot (bitwise_or with 0 on the bits) is exact for every float
-    value, NaN payloads, -0.0 and infinities included; non-floats take copy_."""
-    from consistency.dump.dtypes import torch_storage
-    from consistency.record.staging import StepStaging, unpack
-
-    st = StepStaging(1 << 12, "cpu")
-    st.kernel_copy = True
-    bits = torch.tensor([0x7FC1, 0xFFFF, 0x8000, 0x7F80, 0xFF80, 0x0001, 0x3F80], dtype=torch.int32).to(torch.int16)
-    xs = {"bf16": bits.view(torch.bfloat16), "f32": torch.tensor([float("nan"), -0.0, float("inf"), 1e-45]),
-          "f64": torch.tensor([-0.0, 1.5]), "i64": torch.tensor([-1, 2**62])}
-    for name, x in xs.items():
-        st.put(name, name, x, x.numel() * x.element_size())
-    buf, used, items = st.take()
-    out = unpack(buf[:used].numpy(), items)
-    for name, x in xs.items():
-        got, want = out[name][0], torch_storage(x)[0]
-        assert got.dtype == want.dtype and np.array_equal(got.view(np.uint8), want.view(np.uint8)), name  # bits

@@ -30,6 +30,16 @@ def _torch_dtype(t: Any) -> str:
     return str(t.dtype).removeprefix("torch.")
 
 
+class _StorableDtypes(dict):
+    """torch dtype -> whether a dump can hold it, each dtype's name resolved once."""
+
+    def __contains__(self, dt: object) -> bool:
+        ok = self.get(dt)
+        if ok is None:
+            ok = self[dt] = str(dt).removeprefix("torch.") in dtypes.BY_NAME
+        return ok
+
+
 class AsyncRecorder(Recorder):
     """Drop-in :class:`Recorder` whose captures leave the device asynchronously."""
 
@@ -51,6 +61,7 @@ class AsyncRecorder(Recorder):
         self.staging_bytes = max(staging_bytes, small_bytes)
         self._staging: Any = None  # record/staging.py: a step's small captures, one D2H per step
         self._checked: set[str] = set()  # names that passed check_name (the hot path checks each once)
+        self._dtypes_ok = _StorableDtypes()
         self._lock = threading.Lock()
         self._queue: queue.Queue[tuple[str, Any, Any, Any] | None] = queue.Queue()
         self._stream: Any = None
@@ -99,7 +110,7 @@ class AsyncRecorder(Recorder):
             check_name(name)
             self._checked.add(name)
         meta = self.parse_meta(meta) if meta else meta
-        if _torch_dtype(tensor) not in dtypes.BY_NAME or tensor.dim() > safetensors_io.MAX_RANK:
+        if tensor.dtype not in self._dtypes_ok or tensor.dim() > safetensors_io.MAX_RANK:
             raise Refused(f"dtype {_torch_dtype(tensor)} with rank {tensor.dim()} cannot be stored in a dump")
         n = self.counts.get(name, 0) + 1
         key = name if n == 1 else f"{name}#{n}"
@@ -154,7 +165,7 @@ class AsyncRecorder(Recorder):
     def _stage(self, key: str, name: str, sel: Any, nbytes: int) -> None:
         if self._staging is None:
             self._staging = StepStaging(self.staging_bytes, sel.device)
-        if self._staging.ends_step(name, nbytes):
+        if self._staging.due(name, nbytes):
             self._flush()
         self._staging.put(key, name, sel, nbytes)
 

@@ -6,9 +6,10 @@ the writer thread a handful of torch calls that hold the GIL the model's thread 
 (measured on an H200: eager decode of an 8B model 1.09x with 3 slots, 1.16x with every
 stream, bench/record_probe.py). Here a small capture is one device-to-device copy into a
 view of a device staging buffer (a snapshot, in stream order; the view is cached, since a
-decode step's captures fall at the same offsets step after step), and when a step ends (a
-point staged in this step is captured again) or the buffer fills, the used bytes go to the
-pinned ring in one copy on the side stream with one event. Two buffers alternate; before one
+decode step's captures fall at the same offsets step after step), and at a step's end (a
+point staged in this step is captured again) once the staged steps hold ``flush_bytes``, or
+when the buffer fills, the used bytes go to the pinned ring in one copy on the side stream
+with one event: whole steps, never a step cut in two unless one step outgrows the buffer. Two buffers alternate; before one
 is reused the compute stream waits for its last copy on the GPU, never on the host. The
 writer thread unpacks a step with numpy slices of the pinned span (no torch call, so no GIL
 held through torch's dispatcher).
@@ -29,10 +30,13 @@ MAX_VIEWS = 4096  # cached staging views; a pattern that never repeats is not ke
 class StepStaging:
     """The device side: staging buffers, the current step's items, the cached views."""
 
-    def __init__(self, nbytes: int, device: Any) -> None:
+    def __init__(self, nbytes: int, device: Any, flush_bytes: int = 1 << 20) -> None:
         import torch
 
         self.size = nbytes
+        # a batch goes to the host at the first step boundary past flush_bytes (0: every step):
+        # a few steps per copy spare the host a D2H call, an event and a writer wake-up per step
+        self.flush_bytes = flush_bytes
         self.bufs = [torch.empty(nbytes, dtype=torch.uint8, device=device) for _ in range(2)]
         self.cur = 0
         self.at = 0
@@ -41,18 +45,20 @@ class StepStaging:
         self.done: list[Any] = [None, None]
         self._views: dict[tuple, Any] = {}
         self._names: dict[Any, str] = {}  # torch dtype -> canonical name
-        # the snapshot as an integer kernel (bitwise_or with 0 on the bits: exact, NaN payloads too)
-        # instead of copy_'s cudaMemcpyAsync; bench/bench_record_gpu.py measures both (aux3_k, all_k)
-        self.kernel_copy = False
-        self._ints = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
-    def ends_step(self, name: str, nbytes: int) -> bool:
-        """True when ``name`` starts a new step (already staged in this one) or does not fit."""
-        return bool(self.items) and (name in self.names or self.at + _pad(nbytes) > self.size)
+    def due(self, name: str, nbytes: int) -> bool:
+        """True when the staged steps go to the host before ``name`` is staged: it does not fit,
+        or it starts a new step (already staged in this one) and the batch holds flush_bytes."""
+        if not self.items:
+            return False
+        if self.at + _pad(nbytes) > self.size:
+            return True
+        if name in self.names:  # a new step begins: whole steps only ever leave together
+            self.names = set()
+            return self.at >= self.flush_bytes
+        return False
 
     def put(self, key: str, name: str, sel: Any, nbytes: int) -> None:
-        import torch
-
         shape = tuple(sel.shape)
         vk = (self.cur, self.at, sel.dtype, shape)
         view = self._views.get(vk)
@@ -60,11 +66,7 @@ class StepStaging:
             if len(self._views) >= MAX_VIEWS:
                 self._views.clear()
             view = self._views[vk] = self.bufs[self.cur][self.at:self.at + nbytes].view(sel.dtype).view(shape)
-        it = self._ints.get(sel.element_size()) if self.kernel_copy and sel.dtype.is_floating_point else None
-        if it is not None:
-            torch.bitwise_or(sel.view(it), 0, out=view.view(it))
-        else:
-            view.copy_(sel)
+        view.copy_(sel)
         dn = self._names.get(sel.dtype)
         if dn is None:
             dn = self._names[sel.dtype] = str(sel.dtype).removeprefix("torch.")
