@@ -39,7 +39,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.graph_proof import BATCHES, CAPTURE_BS, build, verdict  # noqa: E402
+from bench.graph_proof import BATCHES, CAPTURE_BS, verdict  # noqa: E402
 from consistency.record import Recorder, graphs  # noqa: E402
 from consistency.record.async_capture import AsyncRecorder  # noqa: E402
 from tests.graph_loop import Bugs, Loop  # noqa: E402
@@ -47,6 +47,21 @@ from tests.graph_loop import Bugs, Loop  # noqa: E402
 CASES = {"graph": Bugs(), "graph_stale": Bugs(stale=True), "graph_padrow": Bugs(padded_row=True),
          "graph_early": Bugs(early_layers=True), "graph_swap": Bugs(swap_rows=True),
          "graph_noresid": Bugs(no_residual=True), "graph_budget": Bugs()}
+
+
+def build(dtype: torch.dtype, device: str, layers: int):  # noqa: ANN201
+    """A tiny seeded Llama and draft; aux slots at streams 2, n/2, n-3 (distinct from 8 layers on)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=layers, num_attention_heads=4,
+                      num_key_value_heads=2, vocab_size=256, max_position_embeddings=128)
+    torch.manual_seed(0)
+    torch.set_default_dtype(dtype)
+    with torch.device(device):
+        model = LlamaForCausalLM(cfg).eval()
+        draft = torch.nn.Linear(3 * cfg.hidden_size, cfg.hidden_size)
+    torch.set_default_dtype(torch.float32)
+    return model, draft, (2, layers // 2, layers - 3)
 
 
 def record(model, draft, aux, path: Path, mode: str | None, pad: bool, steps: int, prompt: int,  # noqa: ANN001
@@ -104,14 +119,22 @@ def main() -> None:
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--prompt", type=int, default=10)
+    ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--dir", type=Path, required=True, help="where the dumps are written")
+    ap.add_argument("--no-compare", action="store_true", help="record only (compare them on any machine later)")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--texts", type=Path, help="`consistency compare` output against the eager run, per case")
+    ap.add_argument("--compare-only", type=Path, metavar="JSON",
+                    help="compare the dumps already in --dir (a --no-compare run's JSON); no recording")
     args = ap.parse_args()
+    if args.compare_only:
+        res = json.loads(args.compare_only.read_text())
+        p = {k: args.dir / f"{k}.safetensors" for k in ("eager", "eager_padded", "training", *CASES)}
+        return report(res, p, args)
     args.dir.mkdir(parents=True, exist_ok=True)
     dtype = getattr(torch, args.dtype)
     graphs.enable(hook_torch=args.graphs == "cuda")
-    model, draft, aux = build(dtype, args.device, small=True)
+    model, draft, aux = build(dtype, args.device, args.layers)
     h = model.config.hidden_size
     p = {k: args.dir / f"{k}.safetensors" for k in ("eager", "eager_padded", "training", *CASES)}
     runs: dict = {}
@@ -138,6 +161,14 @@ def main() -> None:
                  "layers": model.config.num_hidden_layers, "hidden": h, "aux_streams": aux,
                  "early_layers": [min(a + 1, model.config.num_hidden_layers) for a in aux],
                  "runs": runs, "expected_rows": expected(args.steps, args.prompt), "compare": {}}
+    if args.no_compare:
+        if args.out:
+            args.out.write_text(json.dumps(res, indent=1, default=str))
+        return
+    report(res, p, args)
+
+
+def report(res: dict, p: dict[str, Path], args: argparse.Namespace) -> None:
     for case in CASES:
         res["compare"][case] = {ref: verdict(str(p[ref]), str(p[case])) for ref in ("eager", "eager_padded", "training")}
     text = json.dumps(res, indent=1, default=str)

@@ -4,8 +4,11 @@ CUDA runtime calls the recorder makes (synchronisations, copies), per decode ste
     python bench/record_probe.py --out probe.json           # on a CUDA machine
     python bench/record_probe.py --small                    # a smaller model
 
-Per mode (off, aux3, all: bench/bench_record_gpu.py's hooks and recorder), the median
-decode step, the host microseconds spent inside ``capture`` per call, and a
+Per mode (off; noop3: hooks that do nothing; copy3/copy_all: one bare device copy per
+capture, the floor of any snapshot; aux3/all: the recorder; *_waited: the prefill's
+captures on the host before the decode is timed), the median decode step (whole-run
+medians: noisy, see bench/decode_blocks.py), the host microseconds inside the hook per
+call, and a
 ``torch.profiler`` count of the CUDA runtime calls in four decode steps, so a cost that
 is not the recorder's Python (a synchronisation, a pinned allocation) shows by name.
 """
