@@ -79,10 +79,8 @@ def recorder(tmp: Path, mode: str, baseline: Path | None = None, ring_bytes: int
     cls = _baseline(baseline) if mode.endswith("_base") else None
     if cls is None:
         from consistency.record.async_capture import AsyncRecorder as cls
-    rec = cls(tmp / f"{mode}.safetensors", force=True, max_host_bytes=64 << 30, ring_bytes=ring_bytes).prepare()
-    if mode.endswith("_step"):
-        rec._staging.flush_bytes = 0
-    return rec
+    kw = {"flush_bytes": 0} if mode.endswith("_step") else {}
+    return cls(tmp / f"{mode}.safetensors", force=True, max_host_bytes=64 << 30, ring_bytes=ring_bytes, **kw).prepare()
 
 
 def _baseline(tree: Path | None) -> Any:

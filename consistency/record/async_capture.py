@@ -46,7 +46,7 @@ class AsyncRecorder(Recorder):
     def __init__(self, path: str | Path, metadata: DumpMetadata | None = None, force: bool = False,
                  rank0_only: bool = False, tokens: Sequence[int] | slice | None = None, last_tokens: int | None = None,
                  max_host_bytes: int = 8 << 30, snapshot: bool = True, ring_bytes: int = 256 << 20,
-                 small_bytes: int = 1 << 20, staging_bytes: int = 16 << 20) -> None:
+                 small_bytes: int = 1 << 20, staging_bytes: int = 16 << 20, flush_bytes: int = 1 << 20) -> None:
         super().__init__(path, metadata, force, rank0_only)
         self.tokens = tokens
         self.last_tokens = last_tokens
@@ -59,6 +59,7 @@ class AsyncRecorder(Recorder):
         self._layouts: dict[str, tuple] = {}
         self.small_bytes = small_bytes
         self.staging_bytes = max(staging_bytes, small_bytes)
+        self.flush_bytes = flush_bytes  # staged steps go to the host together once they hold this (0: every step)
         self._staging: Any = None  # record/staging.py: a step's small captures, one D2H per step
         self._checked: set[str] = set()  # names that passed check_name (the hot path checks each once)
         self._dtypes_ok = _StorableDtypes()
@@ -158,13 +159,13 @@ class AsyncRecorder(Recorder):
             self._ring = PinnedRing(self.ring_bytes)
             self._stream = torch.cuda.Stream(device=device)
         if self._staging is None:
-            self._staging = StepStaging(self.staging_bytes, device)
+            self._staging = StepStaging(self.staging_bytes, device, self.flush_bytes)
         return self
 
     # -- small captures: one staging copy per step (record/staging.py) ------------------------------
     def _stage(self, key: str, name: str, sel: Any, nbytes: int) -> None:
         if self._staging is None:
-            self._staging = StepStaging(self.staging_bytes, sel.device)
+            self._staging = StepStaging(self.staging_bytes, sel.device, self.flush_bytes)
         if self._staging.due(name, nbytes):
             self._flush()
         self._staging.put(key, name, sel, nbytes)
