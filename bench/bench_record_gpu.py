@@ -10,13 +10,21 @@ Modes, interleaved round-robin so clock and thermal drift hit all of them alike:
   all          AsyncRecorder, every stream 0..N
   naive_aux3   the naive capture: tensor.cpu() inside the hook, 3 slots
   naive_all    the naive capture, every stream
-and, with ``--graphs`` (bench/graph_steps.py: a static KV cache, decode and target-verify
+  aux3_step    aux3/all with every step's staged captures sent alone (staging flush_bytes 0)
+  all_step
+  aux3_base    aux3/all with the AsyncRecorder of another checkout (--baseline-tree): before/after
+  all_base     in the same run
+Self-checks (``verified_same_run``, ``graph_verified_same_run``): the dump equals copies the
+hooks took on the device of the very tensors captured, in the same run (two runs differ by
+kernel non-determinism, which is not the recorder's).
+And, with ``--graphs`` (bench/graph_steps.py: a static KV cache, decode and target-verify
 steps as ``torch.cuda.CUDAGraph`` replays, as SGLang and vLLM run them by default):
   g_off        graph replays, nothing recorded (the baseline of the g_ modes)
   g_aux3       graph-safe capture (consistency/record/graphs.py) of the 3 aux slots, every replay
   g_all        graph-safe capture of every stream, every replay
-Reported: median milliseconds per prefill (batch x tokens) and per decode step, and each
-mode's ratio to ``off``; for the g_ modes per decode replay and per verify replay
+Reported: median milliseconds per prefill (batch x tokens) and its ratio to ``off``; per
+eager decode step, the median over interleaved blocks (bench/decode_blocks.py) and the median
+(and quartiles) of each block's ratio to that block's ``off``; for the g_ modes per decode replay and per verify replay
 ([batch, verify-tokens] tokens), ratios to ``g_off``. Random bf16 weights built on the GPU;
 nothing is downloaded.
 """
@@ -37,9 +45,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from consistency.record import capture, graphs  # noqa: E402
+from bench.decode_blocks import decode_blocks, recorder  # noqa: E402
 from consistency.record.async_capture import AsyncRecorder  # noqa: E402
 
-MODES = ("off", "inert", "aux3", "all", "naive_aux3", "naive_all")
+MODES = ("off", "inert", "aux3", "all", "naive_aux3", "naive_all", "aux3_step", "all_step", "aux3_base", "all_base")
 GMODES = ("g_off", "g_aux3", "g_all")
 
 
@@ -62,9 +71,12 @@ def build(small: bool):  # noqa: ANN201
 class Hooks:
     """Forward hooks that capture streams the way a runtime patch would."""
 
-    def __init__(self, model, streams: list[int], naive: bool) -> None:  # noqa: ANN001
+    def __init__(self, model, streams: list[int], naive: bool, keep: bool = False) -> None:  # noqa: ANN001
         self.handles = []
         self.sink: list[torch.Tensor] = []
+        # keep: each captured tensor also copied on the device, in the same run (the self-check's
+        # reference); inside a CUDA-graph capture the copy is a static buffer every replay refreshes
+        self.keep: list[tuple[str, torch.Tensor]] | None = [] if keep else None
         layers = model.model.layers
         n = len(layers)
         for s in streams:
@@ -89,6 +101,8 @@ class Hooks:
             self.sink.append(t.cpu())  # blocks until the copy lands
         else:
             capture(name, t)
+            if self.keep is not None:
+                self.keep.append((name, t.detach().clone()))
 
     def remove(self) -> None:
         for h in self.handles:
@@ -114,6 +128,7 @@ def run(args: argparse.Namespace) -> dict:
     every = list(range(n + 1))
     spec = {"off": None, "inert": (aux, False, False), "aux3": (aux, False, True), "all": (every, False, True),
             "naive_aux3": (aux, True, False), "naive_all": (every, True, False)}
+    spec |= {f"{m}_{v}": spec[m] for m in ("aux3", "all") for v in ("step", "base")}
     ids = torch.randint(0, model.config.vocab_size, (args.batch, args.tokens), device="cuda")
     times: dict[str, dict[str, list[float]]] = {m: {"prefill": [], "decode": []} for m in MODES}
     dropped: dict[str, int] = {}
@@ -121,8 +136,7 @@ def run(args: argparse.Namespace) -> dict:
     def once(mode: str) -> None:
         s = spec[mode]
         hooks = Hooks(model, s[0], s[1]) if s else None
-        rec = AsyncRecorder(args.tmp / f"{mode}.safetensors", force=True, max_host_bytes=64 << 30,
-                            ring_bytes=2 << 30).prepare() if s and s[2] else None
+        rec = recorder(args.tmp, mode, args.baseline_tree, ring_bytes=2 << 30) if s and s[2] else None
         if rec is not None:
             rec.__enter__()
         try:
@@ -135,14 +149,10 @@ def run(args: argparse.Namespace) -> dict:
                     cache["next"] = out.logits[:, -1:].argmax(-1)
 
                 times[mode]["prefill"].append(timed(prefill))
-
-                def decode() -> None:
-                    pkv, nxt = cache["pkv"], cache["next"]
-                    for _ in range(args.decode_steps):
-                        out = model(input_ids=nxt, past_key_values=pkv, use_cache=True)
-                        pkv, nxt = out.past_key_values, out.logits[:, -1:].argmax(-1)
-
-                times[mode]["decode"].append(timed(decode) / args.decode_steps)
+                pkv, nxt = cache["pkv"], cache["next"]
+                for _ in range(2):  # the decode is timed in blocks (bench/decode_blocks.py)
+                    out = model(input_ids=nxt, past_key_values=pkv, use_cache=True)
+                    pkv, nxt = out.past_key_values, out.logits[:, -1:].argmax(-1)
         finally:
             if rec is not None:
                 rec.wait()
@@ -170,19 +180,27 @@ def run(args: argparse.Namespace) -> dict:
             once(mode)
         for mode in gmodes:
             graph_run.once(mode)
+    if modes and modes[0] == "off":
+        say(f"decode: {args.blocks} interleaved blocks of {args.decode_steps} steps")
+        blocks, bdropped = decode_blocks(
+            model, ids, modes, lambda m: Hooks(model, spec[m][0], spec[m][1]) if spec[m] else None,
+            lambda m: recorder(args.tmp, m, args.baseline_tree) if spec[m] and spec[m][2] else None,
+            args.decode_steps, args.blocks, timed)
+        for m, n_ in bdropped.items():
+            dropped[m] = dropped.get(m, 0) + n_
     verified = verify(model, ids, every, args.tmp) if "all" in modes else None
-    res: dict = {"verified_equal_to_naive_capture": verified, "dropped": dropped, "device": torch.cuda.get_device_name(), "torch": torch.__version__, "batch": args.batch,
-                 "tokens": args.tokens, "decode_steps": args.decode_steps, "repeat": args.repeat,
+
+    res: dict = {"verified_same_run": verified, "dropped": dropped, "device": torch.cuda.get_device_name(), "torch": torch.__version__, "batch": args.batch,
+                 "tokens": args.tokens, "decode_steps": args.decode_steps, "blocks": args.blocks, "repeat": args.repeat,
                  "layers": n, "hidden": model.config.hidden_size, "modes": {}}
     if "off" in modes:
-        base = {k: statistics.median(times["off"][k]) for k in ("prefill", "decode")}
+        base = statistics.median(times["off"]["prefill"])
         for mode in modes:
-            med = {k: statistics.median(times[mode][k]) for k in ("prefill", "decode")}
-            res["modes"][mode] = {f"{k}_ms": round(v, 3) for k, v in med.items()} | {
-                f"{k}_ratio": round(med[k] / base[k], 4) for k in med}
+            med = statistics.median(times[mode]["prefill"])
+            res["modes"][mode] = {"prefill_ms": round(med, 3), "prefill_ratio": round(med / base, 4)} | blocks[mode]
     if graph_run is not None:
         res["graph_modes"] = graph_run.summary(gmodes)
-        res["graph_verified_equal_to_eager"] = graph_run.verify(every, args.tmp)
+        res["graph_verified_same_run"] = graph_run.verify(every, args.tmp)
         res["verify_tokens"] = args.verify_tokens
     return res
 
@@ -265,72 +283,80 @@ class GraphRun:
         return out
 
     def verify(self, streams: list[int], tmp: Path) -> dict:
-        """The g_all graphs' recording of 3 decode steps equals the same steps run eagerly
-        (same static cache, same shapes), bit for bit; and the verify step's likewise."""
-        from consistency.dump.reader import open_dump
-        from consistency.record import Recorder
-
+        """Graphs captured with hooks that also copy each captured tensor into a static buffer
+        of their own (refreshed by every replay, like the recorder's): 3 decode replays and a
+        verify replay, recorded graph-safe; the dump equals the copies of the same replays."""
         st = self.steps
-        dec, ver = self.graphs["g_all"]
+        hooks = Hooks(self.model, streams, False, keep=True)
+        assert hooks.keep is not None
         with torch.no_grad():
             st.prefill(self.ids)
-            hooks = Hooks(self.model, streams, False)
-            with Recorder(tmp / "eager-steps.safetensors", force=True) as eager:
-                for _ in range(3):
-                    st.decode_body()
-                    st.advance()
-                st.set_verify(self.args.tokens + 3, torch.Generator().manual_seed(2))
-                st.verify_body()
-            hooks.remove()
-            st.prefill(self.ids)
             graphs.enable()
+            rec = AsyncRecorder(tmp / "capture.safetensors", force=True).prepare()
+            rec.__enter__()
+            try:
+                made = []
+                for body in (st.decode_body, st.verify_body):
+                    hooks.keep.clear()
+                    g = st.capture(body)  # warm-ups copy eagerly, then the capture: its copies are the last
+                    made.append((g, hooks.keep[-len(streams):]))
+            finally:
+                rec.discard()
+                hooks.remove()
+            (dec, dec_static), (ver, ver_static) = made
+            st.prefill(self.ids)
+            copies: list[tuple[str, torch.Tensor]] = []
             with AsyncRecorder(tmp / "graph-steps.safetensors", force=True) as rec:
                 for _ in range(3):
                     dec.replay()
+                    copies += [(n, b.clone()) for n, b in dec_static]
                     st.advance()
                 st.set_verify(self.args.tokens + 3, torch.Generator().manual_seed(2))
                 ver.replay()
+                copies += [(n, b.clone()) for n, b in ver_static]
             graphs.disable()
+        from consistency.dump.reader import open_dump
+
         with open_dump(rec.written) as d:
-            got = {n: d[n].read_all() for n in d.tensors}
             tagged = sum(1 for m in d.metadata.tensors.values() if m.graph is not None)
-        want = {n: a for n, (a, _dt) in eager.tensors.items()}
-        same = sorted(got) == sorted(want) and all(np.array_equal(got[n], want[n]) for n in want)
-        return {"captures": len(want), "equal": same, "tagged": tagged,
-                "differ": [n for n in want if n in got and not np.array_equal(got[n], want[n])][:8]}
+        return same(rec.written, copies) | {"tagged": tagged}
+
+
+def same(dump: Path, copies: list[tuple[str, torch.Tensor]]) -> dict:
+    """The dump against the device copies the same run took of the same tensors, bit for bit:
+    the k-th copy of a name is the dump's ``name#k`` (kernel non-determinism between two runs
+    cannot read as a recorder fault here)."""
+    from consistency.dump.reader import open_dump
+
+    counts: dict[str, int] = {}
+    differ: list[str] = []
+    with open_dump(dump) as d:
+        for name, t in copies:
+            k = counts[name] = counts.get(name, 0) + 1
+            key = name if k == 1 else f"{name}#{k}"
+            want = t.detach().contiguous().cpu()
+            want = (want.view(torch.int16).numpy().view(np.uint16) if want.dtype == torch.bfloat16 else want.numpy())
+            if key not in d.tensors or not np.array_equal(d[key].read_all().reshape(want.shape), want):
+                differ.append(key)
+        extra = len(d.tensors) - len(copies)
+    return {"captures": len(copies), "equal": not differ and extra == 0, "differ": differ[:8], "extra_in_dump": extra}
 
 
 def verify(model, ids: torch.Tensor, streams: list[int], tmp: Path) -> dict:  # noqa: ANN001
-    """The async recorder's dump holds exactly what a synchronous .cpu() capture sees:
-    a prefill (large captures) and two decode steps (small, batched captures)."""
-    from consistency.dump.reader import open_dump
+    """The async recorder's dump holds exactly what the model computed in the same run: a
+    prefill (large captures) and two decode steps (small, staged captures), each tensor also
+    copied on the device by the hook that captured it."""
 
-    def forward() -> None:
-        with torch.no_grad():
-            out = model(input_ids=ids, use_cache=True)
+    hooks = Hooks(model, streams, naive=False, keep=True)
+    with AsyncRecorder(tmp / "verify.safetensors", force=True, ring_bytes=2 << 30) as rec, torch.no_grad():
+        out = model(input_ids=ids, use_cache=True)
+        pkv, nxt = out.past_key_values, out.logits[:, -1:].argmax(-1)
+        for _ in range(2):
+            out = model(input_ids=nxt, past_key_values=pkv, use_cache=True)
             pkv, nxt = out.past_key_values, out.logits[:, -1:].argmax(-1)
-            for _ in range(2):
-                out = model(input_ids=nxt, past_key_values=pkv, use_cache=True)
-                pkv, nxt = out.past_key_values, out.logits[:, -1:].argmax(-1)
-
-    naive = Hooks(model, streams, naive=True)
-    forward()
-    naive.remove()
-    hooks = Hooks(model, streams, naive=False)
-    with AsyncRecorder(tmp / "verify.safetensors", force=True, ring_bytes=2 << 30) as rec:
-        forward()
     hooks.remove()
-    order = {f"hidden.{s}": i for i, s in enumerate(sorted(streams))}
-
-    def key(n: str) -> tuple[int, int]:
-        base, _, rep = n.partition("#")
-        return (int(rep or 1), order[base])
-
-    with open_dump(rec.written) as d:
-        names = sorted(d.tensors, key=key)
-        same = all(torch.equal(torch.from_numpy(d[n].read_all().view("int16")).view(torch.bfloat16), t)
-                   for n, t in zip(names, naive.sink, strict=True))
-    return {"captures": len(naive.sink), "equal": same, "dropped": sum(rec.dropped.values())}
+    assert rec.written is not None and hooks.keep is not None
+    return same(rec.written, hooks.keep) | {"dropped": sum(rec.dropped.values())}
 
 
 def main() -> None:
@@ -340,14 +366,16 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--tokens", type=int, default=2048)
-    ap.add_argument("--decode-steps", type=int, default=32)
+    ap.add_argument("--decode-steps", type=int, default=16, help="decode steps per timed block (and graph round)")
+    ap.add_argument("--blocks", type=int, default=40, help="interleaved eager decode blocks")
     ap.add_argument("--repeat", type=int, default=7)
     ap.add_argument("--small", action="store_true")
     ap.add_argument("--tmp", type=Path, default=Path("/tmp"))
     ap.add_argument("--out", type=Path)
     ap.add_argument("--graphs", action="store_true", help="also the g_ modes: decode and verify as CUDA-graph replays")
     ap.add_argument("--verify-tokens", type=int, default=4)
-    ap.add_argument("--modes", default=",".join(MODES + GMODES))
+    ap.add_argument("--modes", default=",".join(MODES[:6] + GMODES))
+    ap.add_argument("--baseline-tree", type=Path, help="a checkout whose AsyncRecorder the *_base modes time")
     args = ap.parse_args()
     args.modes = set(args.modes.split(","))
     res = run(args)

@@ -11,9 +11,15 @@ the draft's input (what the draft really gets).
 ``graphs`` picks the mode: ``None`` runs everything eagerly (the ``--disable-cuda-graph``
 server), ``"cuda"`` captures ``torch.cuda.CUDAGraph`` s, ``"emulate"`` uses
 :class:`EagerGraph`, the CPU stand-in of the tests. Two runtime bugs that exist only under
-graphs can be planted: ``stale`` (the runner refreshes the draft's input buffer at a batch's
-first step only) and ``padded_row`` (the runner's row index sends the first padded row to
-the last real request's aux slot). Used by tests/test_graphs.py and bench/graph_proof.py.
+graphs can be planted (:class:`Bugs`): ``stale`` (the runner refreshes the draft's input
+buffer at a batch's first step only), ``padded_row`` (the runner's row index sends the first
+padded row to the last real request's aux slot), ``early_layers`` (the graphs were captured
+before the runtime set its capture layers: replays keep the old ones, one layer deeper here),
+``swap_rows`` (the row index swaps the first two requests' rows) and ``no_residual`` (the
+graph path captures the block's output without the residual added: hidden.{s} - hidden.{s-1}).
+A graph-buffer budget that fits some graphs and not others is the recorder's, set by the
+caller (consistency.record.graphs.enable(budget_bytes=...)). Used by tests/test_graphs.py,
+bench/graph_proof.py and bench/graph_causes.py.
 """
 
 from __future__ import annotations
@@ -60,6 +66,9 @@ class EagerGraph:
 class Bugs:
     stale: bool = False  # draft input buffer refreshed at each batch's first step only
     padded_row: bool = False  # last real request's aux row read from the first padded row
+    early_layers: bool = False  # graphs captured before the capture layers were set: each slot one layer deeper
+    swap_rows: bool = False  # the row index swaps the first two requests' rows (batches of 2 or more)
+    no_residual: bool = False  # the graph path captures hidden.{s} - hidden.{s-1} (the residual not added)
 
 
 @dataclass
@@ -91,6 +100,9 @@ class Loop:
         self.cut = slice(None)
         self.device = next(model.parameters()).device
         self.pool = torch.cuda.graph_pool_handle() if graphs == "cuda" else None
+        self.in_graph = False  # a graph body is being captured (the graph-only bugs act there)
+        n = model.config.num_hidden_layers
+        self.early = tuple(min(a + 1, n) for a in aux)  # the layers a graph captured too early keeps
 
     # -- the two graph bodies (a runtime's model forward and draft forward) -----------------------
     def target_step(self, s: Shape) -> None:
@@ -100,7 +112,13 @@ class Loop:
         capture("request_ids", s.rid[cut], producer="request_ids")
         out = self.model(input_ids=s.ids, position_ids=s.pos, cache_position=s.cache_pos, past_key_values=s.cache,
                          use_cache=True, output_hidden_states=True)
-        s.aux_out.copy_(torch.cat([out.hidden_states[k][:, -1] for k in self.aux], dim=-1))
+        hs, graph = out.hidden_states, self.in_graph
+        layers = self.early if graph and self.bugs.early_layers else self.aux
+        if graph and self.bugs.no_residual:
+            parts = [hs[k][:, -1] - hs[k - 1][:, -1] for k in layers]
+        else:
+            parts = [hs[k][:, -1] for k in layers]
+        s.aux_out.copy_(torch.cat(parts, dim=-1))
         s.next_ids.copy_(out.logits[:, -1:].argmax(-1))
 
     def draft_step(self, s: Shape, fed: torch.Tensor | None = None) -> None:
@@ -132,6 +150,16 @@ class Loop:
         return s
 
     def _capture(self, label: str, bs: int, fn: Callable[[], None]) -> Any:
+        def body() -> None:  # the graph path (captured, and re-run by EagerGraph's replays)
+            self.in_graph = True
+            try:
+                fn()
+            finally:
+                self.in_graph = False
+
+        return self._capture_graph(label, bs, body)
+
+    def _capture_graph(self, label: str, bs: int, fn: Callable[[], None]) -> Any:
         with graphs.session(label, bs=bs, tokens=bs):
             if self.mode == "emulate":
                 g = EagerGraph()
@@ -196,4 +224,6 @@ class Loop:
             s.row_index.copy_(torch.arange(s.bs, device=self.device))
             if self.bugs.padded_row and real < s.bs:
                 s.row_index[real - 1] = real
+            if self.bugs.swap_rows and real >= 2:
+                s.row_index[:2] = torch.tensor([1, 0], device=self.device)
             draft.replay()

@@ -156,8 +156,12 @@ def test_over_the_budget_is_said_once_per_graph_and_never_passes(tmp_path, capsy
     graphs.enable(hook_torch=False, budget_bytes=4 * 3 * 8 + 4 * 3 * h + 3 * 8 + 3 * h + 8 * 3 * 8 + 8 * h)
     small = _record(tmp_path / "small.safetensors", "emulate")
     said = [ln for ln in capsys.readouterr().err.splitlines() if "graph-safe capture" in ln]
+    # the sizes in the unit that fits: a bs-8 slot of h bytes a row is 8*h bytes, never "0.0 MiB"
+    need, held, limit = 8 * h, graphs.budget().used, graphs.budget().limit
+    assert 1 << 10 <= need < 1 << 20 and held < 1 << 20
     assert len(said) == 1 and said[0].startswith("consistency: graph-safe capture: graph loop.draft bs=8: 'aux.1' "
-                                                 "needs 0.0 MiB"), said
+                                                 f"needs {need / 1024:.1f} KiB, the graph buffers hold "
+                                                 f"{held / 1024:.1f} KiB of {limit / 1024:.1f} KiB"), said
     assert "raise CONSISTENCY_RECORD_GRAPH_BYTES" in said[0]
     with open_dump(small.written) as d:
         nr = d.metadata.extra["cuda_graphs"]["not_recorded"]
@@ -250,3 +254,29 @@ def test_cuda_graphs_equal_the_eager_loop(dtype, tmp_path):
         out[mode] = _tensors(rec.written)
     assert sorted(out[None]) == sorted(out["cuda"])
     assert all(np.array_equal(out[None][n], out["cuda"][n]) for n in out[None])
+
+
+@pytest.mark.parametrize("bug", ["early_layers", "swap_rows", "no_residual"])
+def test_the_planted_graph_only_causes_touch_the_rows_their_construction_says(bug, tmp_path):
+    """tests/graph_loop.py's graph-only causes (the H200 runs of bench/graph_causes.py plant them
+    too): the graph path differs from the same loop recorded eagerly exactly at the decode rows
+    the cause reaches, and the prefill (eager in every mode) never."""
+    eager = _tensors(_record(tmp_path / "eager.safetensors", None).written)
+    bad = _tensors(_record(tmp_path / "bad.safetensors", "emulate", bugs=Bugs(**{bug: True})).written)
+    assert sorted(eager) == sorted(bad)
+    k, want, got = 0, set(), set()
+    for real in BATCHES:
+        for step in range(1 + STEPS):  # the prefill pass, then the decode replays
+            k += 1
+            for slot in range(len(AUX)):
+                key = f"aux.{slot}" if k == 1 else f"aux.{slot}#{k}"
+                a, b = eager[key], bad[key]
+                got |= {(k, slot, r) for r in range(a.shape[0]) if not np.array_equal(a[r], b[r])}
+                if step == 0:
+                    continue
+                if bug == "swap_rows" and real >= 2:
+                    want |= {(k, slot, 0), (k, slot, 1)}
+                    assert np.array_equal(b[[1, 0]], a[[0, 1]])  # the other request's row, bit for bit
+                elif bug != "swap_rows":
+                    want |= {(k, slot, r) for r in range(real)}
+    assert want and got == want

@@ -23,10 +23,21 @@ from consistency.contract.models import DumpMetadata
 from consistency.dump import dtypes, safetensors_io
 from consistency.record.guard import Refused, check_name
 from consistency.record.recorder import Recorder
+from consistency.record.staging import StepStaging, unpack
 
 
 def _torch_dtype(t: Any) -> str:
     return str(t.dtype).removeprefix("torch.")
+
+
+class _StorableDtypes(dict):
+    """torch dtype -> whether a dump can hold it, each dtype's name resolved once."""
+
+    def __contains__(self, dt: object) -> bool:
+        ok = self.get(dt)
+        if ok is None:
+            ok = self[dt] = str(dt).removeprefix("torch.") in dtypes.BY_NAME
+        return ok
 
 
 class AsyncRecorder(Recorder):
@@ -35,7 +46,7 @@ class AsyncRecorder(Recorder):
     def __init__(self, path: str | Path, metadata: DumpMetadata | None = None, force: bool = False,
                  rank0_only: bool = False, tokens: Sequence[int] | slice | None = None, last_tokens: int | None = None,
                  max_host_bytes: int = 8 << 30, snapshot: bool = True, ring_bytes: int = 256 << 20,
-                 small_bytes: int = 1 << 20, staging_bytes: int = 16 << 20) -> None:
+                 small_bytes: int = 1 << 20, staging_bytes: int = 16 << 20, flush_bytes: int = 1 << 20) -> None:
         super().__init__(path, metadata, force, rank0_only)
         self.tokens = tokens
         self.last_tokens = last_tokens
@@ -48,11 +59,10 @@ class AsyncRecorder(Recorder):
         self._layouts: dict[str, tuple] = {}
         self.small_bytes = small_bytes
         self.staging_bytes = max(staging_bytes, small_bytes)
-        self._staging: Any = None
-        self._staged: list[tuple] = []
-        self._staged_at = 0
-        self._staged_done: list[Any] = [None, None]
-        self._cur = 0
+        self.flush_bytes = flush_bytes  # staged steps go to the host together once they hold this (0: every step)
+        self._staging: Any = None  # record/staging.py: a step's small captures, one D2H per step
+        self._checked: set[str] = set()  # names that passed check_name (the hot path checks each once)
+        self._dtypes_ok = _StorableDtypes()
         self._lock = threading.Lock()
         self._queue: queue.Queue[tuple[str, Any, Any, Any] | None] = queue.Queue()
         self._stream: Any = None
@@ -97,9 +107,11 @@ class AsyncRecorder(Recorder):
             return
         import torch
 
-        check_name(name)
-        meta = self.parse_meta(meta)
-        if _torch_dtype(tensor) not in dtypes.BY_NAME or tensor.dim() > safetensors_io.MAX_RANK:
+        if name not in self._checked:
+            check_name(name)
+            self._checked.add(name)
+        meta = self.parse_meta(meta) if meta else meta
+        if tensor.dtype not in self._dtypes_ok or tensor.dim() > safetensors_io.MAX_RANK:
             raise Refused(f"dtype {_torch_dtype(tensor)} with rank {tensor.dim()} cannot be stored in a dump")
         n = self.counts.get(name, 0) + 1
         key = name if n == 1 else f"{name}#{n}"
@@ -117,7 +129,7 @@ class AsyncRecorder(Recorder):
         self._layouts[key] = (tensor.dtype, tuple(tensor.shape), tuple(tensor.stride()), tensor.is_contiguous(),
                               str(tensor.device), producer, meta)
         if nbytes <= self.small_bytes:
-            self._stage(key, sel, nbytes)
+            self._stage(key, name, sel, nbytes)
             return
         host = self._ring.take(nbytes, sel.dtype, tuple(sel.shape))
         if host is None:  # ring full: never stall the server
@@ -146,36 +158,26 @@ class AsyncRecorder(Recorder):
         if self._ring is None:
             self._ring = PinnedRing(self.ring_bytes)
             self._stream = torch.cuda.Stream(device=device)
-            self._staging = [torch.empty(self.staging_bytes, dtype=torch.uint8, device=device) for _ in range(2)]
+        if self._staging is None:
+            self._staging = StepStaging(self.staging_bytes, device, self.flush_bytes)
         return self
 
-    # -- small captures: batched on the device ------------------------------------------------------
-    def _stage(self, key: str, sel: Any, nbytes: int) -> None:
-        """Decode-sized captures are one device-to-device copy each into a staging buffer
-        (a snapshot, in stream order); a full buffer goes to the host in one transfer.
-        Two buffers alternate; the compute stream waits on the GPU (never the CPU) before
-        reusing one whose transfer may still be running."""
-        import torch
-
+    # -- small captures: one staging copy per step (record/staging.py) ------------------------------
+    def _stage(self, key: str, name: str, sel: Any, nbytes: int) -> None:
         if self._staging is None:
-            self._staging = [torch.empty(self.staging_bytes, dtype=torch.uint8, device=sel.device) for _ in range(2)]
-        need = (nbytes + 255) // 256 * 256
-        if self._staged_at + need > self.staging_bytes:
+            self._staging = StepStaging(self.staging_bytes, sel.device, self.flush_bytes)
+        if self._staging.due(name, nbytes):
             self._flush()
-        buf = self._staging[self._cur]
-        buf[self._staged_at:self._staged_at + nbytes].view(sel.dtype).view(sel.shape).copy_(sel)
-        self._staged.append((key, self._staged_at, nbytes, sel.dtype, tuple(sel.shape)))
-        self._staged_at += need
+        self._staging.put(key, name, sel, nbytes)
 
     def _flush(self) -> None:
         import torch
 
-        if not self._staged:
+        if self._staging is None or not self._staging.items:
             return
-        used, batch, buf = self._staged_at, self._staged, self._staging[self._cur]
-        self._staged, self._staged_at = [], 0
+        buf, used, batch = self._staging.take()
         host = self._ring.take(used, torch.uint8, (used,)) if self._ring is not None else None
-        if host is None:
+        if host is None:  # ring full: the step is dropped, counted, never waited for
             with self._lock:
                 for key, _at, nbytes, _dt, _shape in batch:
                     name = key.split("#")[0]
@@ -183,17 +185,7 @@ class AsyncRecorder(Recorder):
                     self.host_bytes -= nbytes
                     self._layouts.pop(key, None)
             return
-        stream = self._stream
-        stream.wait_stream(torch.cuda.current_stream(buf.device))
-        with torch.cuda.stream(stream):
-            host.copy_(buf[:used], non_blocking=True)
-            done = torch.cuda.Event()
-            done.record(stream)
-        self._staged_done[self._cur] = done
-        self._cur ^= 1
-        nxt = self._staged_done[self._cur]
-        if nxt is not None:
-            torch.cuda.current_stream(buf.device).wait_event(nxt)  # GPU-side wait before reuse
+        done = self._staging.send(buf, used, host, self._stream)
         self._queue.put(("", host, done, batch))
 
     def _reserve(self, name: str, nbytes: int) -> bool:
@@ -218,8 +210,7 @@ class AsyncRecorder(Recorder):
             if batch is None:
                 self.tensors[key] = to_numpy(host)  # a plain host copy; the ring span is given back
             else:
-                for k, at, nbytes, dt, shape in batch:
-                    self.tensors[k] = to_numpy(host[at:at + nbytes].view(dt).view(shape))
+                self.tensors.update(unpack(host, batch))
             if self._ring is not None:
                 self._ring.release()
             self._queue.task_done()

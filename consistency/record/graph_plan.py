@@ -150,8 +150,8 @@ class Plan:
         b = self.budget
         if not self.warned:
             self.warned = True
-            _say(f"graph {self.key()}: {name!r} needs {need / 2**20:.1f} MiB, the graph buffers hold "
-                 f"{b.used / 2**20:.1f} of {b.limit / 2**20:.1f} MiB ({ENV_BYTES}); it is not recorded from this "
+            _say(f"graph {self.key()}: {name!r} needs {size_text(need)}, the graph buffers hold "
+                 f"{size_text(b.used)} of {size_text(b.limit)} ({ENV_BYTES}); it is not recorded from this "
                  f"graph's replays (raise {ENV_BYTES}, record fewer slots, or capture fewer batch sizes)")
 
     def release(self) -> None:
@@ -175,6 +175,16 @@ def trim(buf: Any, sizes: Replay, padded_tokens: int | None, padded_bs: int | No
 
 
 # -- helpers --------------------------------------------------------------------------------------
+def size_text(nbytes: int) -> str:
+    """Bytes in the unit that fits (a 4 KiB buffer is not '0.0 MiB')."""
+    if nbytes < 1 << 10:
+        return f"{nbytes} B"
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if nbytes >= 1 << shift:
+            return f"{nbytes / (1 << shift):.1f} {unit}"
+    return f"{nbytes} B"  # pragma: no cover
+
+
 def _say(msg: str) -> None:
     from consistency.record.fallback import emit
 
