@@ -60,11 +60,16 @@ def run_request(req: CompareRequest) -> CompareReport:
         ref = stack.enter_context(open_side(req.reference, ref_ids if ref_ids is not None else ids, conv))
         cand = stack.enter_context(open_side(req.candidate, cand_ids if cand_ids is not None else ids, conv))
         declared, dnotes = declare_ids(ref, ids, ref_ids, conv)
-        notes += dnotes + apply_ids(cand, ids, cand_ids, conv, "--cand-layer-ids")
+        cand, cnotes = apply_ids(cand, ids, cand_ids, conv, "--cand-layer-ids")
+        notes += dnotes + cnotes
         if con is not None:
             from consistency.compare.plan import declared_from_contract
+            from consistency.compare.sides import combine_declared
 
-            declared = declared_from_contract(con)[0]
+            declared, cnote = combine_declared(declared, declared_from_contract(con)[0],
+                                               os.fspath(req.contract) if isinstance(req.contract, (str, os.PathLike))
+                                               else "given")
+            notes += cnote
         declared = with_consumer(declared, req.consumer)
         ref, note = read_for(ref, declared, stack)
         notes += note
@@ -159,16 +164,18 @@ def declare_ids(d: Any, common: list[int] | None, own: list[int] | None, convent
         [f"{d.path.name}: streams {streams} declared by {flag} {ids}"] + list(claims.notes)
 
 
-def apply_ids(d: Any, common: list[int] | None, own: list[int] | None, convention: str | None, flag: str) -> list[str]:
+def apply_ids(d: Any, common: list[int] | None, own: list[int] | None, convention: str | None,
+              flag: str) -> tuple[Any, list[str]]:
     """The candidate's claims as the user states them (``--cand-layer-ids``, or common ids
     for a candidate that records none): claims are only ever compared with the candidate's
-    values, so writing them into its metadata decides nothing (foreign readers already took
-    them)."""
+    values, so carrying them decides nothing (foreign readers already took them). They go
+    on a shallow copy of the dump, never into the caller's: an in-memory dump compared
+    again must not carry claims it never made."""
     from consistency.dump.formats.base import ForeignDump, resolve_claims
 
     ids = own if own is not None else common
     if ids is None or isinstance(d, ForeignDump):
-        return []
+        return d, []
     meta = d.metadata
     recorded = meta.aux.stream_ids if meta is not None and meta.aux is not None else None
     n_layers = meta.model.num_layers if meta is not None and meta.model is not None else None
@@ -178,17 +185,20 @@ def apply_ids(d: Any, common: list[int] | None, own: list[int] | None, conventio
     streams = claims.streams
     if recorded and own is None:
         if list(recorded) != list(streams or []):
-            return [f"{d.path.name} records streams {list(recorded)}; --layer-ids {ids} not applied to it "
-                    f"(use {flag} to override)"]
-        return []
+            return d, [f"{d.path.name} records streams {list(recorded)}; --layer-ids {ids} not applied to it "
+                       f"(use {flag} to override)"]
+        return d, []
+    import copy
+
     from consistency.contract.models import AuxInfo, DumpMetadata
 
     meta = meta.model_copy(deep=True) if meta is not None else DumpMetadata()
     meta.aux = (meta.aux or AuxInfo()).model_copy(update={"stream_ids": streams, "native_ids": ids,
                                                           "convention": claims.convention})
-    d.metadata = meta
+    out = copy.copy(d)  # the caller's dump keeps its own metadata; closing stays with the original
+    out.metadata = meta
     what = f"{d.path.name}: streams {streams} from {flag if own is not None else '--layer-ids'} {ids}"
-    return [what + (f" (it recorded {list(recorded)})" if recorded else "")] + list(claims.notes)
+    return out, [what + (f" (it recorded {list(recorded)})" if recorded else "")] + list(claims.notes)
 
 
 def dropped(d: Any, side: str) -> list[Finding]:

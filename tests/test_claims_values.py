@@ -1,0 +1,109 @@
+"""Issue 34 items 4-5: claims inside files are checked against values, callers' inputs are
+never written, and two declarations of one reference are never silently one.
+
+Each test builds its inputs from a construction (a random-walk residual stream in memory,
+or a tiny Llama's recorded streams) and derives the expected verdict from it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from consistency.contract.models import AuxContract, AuxInfo, DumpMetadata, ModelInfo, SlotSpec
+from consistency.diagnose.pipeline import run
+from consistency.dump.memory import MemoryDump
+from consistency.errors import UsageError
+
+T, H, N = 16, 32, 4
+
+
+def _walk(seed: int = 0) -> tuple[np.ndarray, list[np.ndarray]]:
+    """Token ids and the residual streams 0..N of a construction: each layer adds a delta."""
+    rng = np.random.default_rng(seed)
+    h = [rng.standard_normal((T, H)).astype(np.float32)]
+    for _ in range(N):
+        h.append(h[-1] + 0.5 * rng.standard_normal((T, H)).astype(np.float32))
+    return rng.integers(0, 1000, T).astype(np.int64), h
+
+
+def _codes(rep) -> list[str]:
+    return [f.code for f in rep.findings]
+
+
+def test_compare_never_writes_the_callers_dump():
+    """--layer-ids given for a candidate that records none are its claims for this compare
+    only: a later compare of the same in-memory dump must not find them in it."""
+    ids, h = _walk()
+    ref = MemoryDump({"input_ids": ids, **{f"hidden.{s}": h[s] for s in range(N + 1)}}, name="ref")
+    cand = MemoryDump({"input_ids": ids, **{f"aux.{i}": h[s] for i, s in enumerate((1, 2, 3))}}, name="cand")
+    assert cand.metadata.aux is None
+    first = run(ref, cand, layer_ids=[1, 2, 3])
+    assert first.verdict == "pass"
+    assert cand.metadata.aux is None  # the claims went on a copy, never into the caller's dump
+    again = run(ref, cand)  # nothing declared, nothing claimed: nothing says what the slots should hold
+    assert again.verdict == "fail" and "EXPECTATION_UNKNOWN" in _codes(again)
+    assert not [n for n in again.assumptions if "[1, 2, 3]" in n]
+
+
+def test_contract_and_ref_layer_ids_conflict_or_combine(tmp_path):
+    ids, h = _walk()
+    ref = MemoryDump({"input_ids": ids, **{f"hidden.{s}": h[s] for s in range(N + 1)}}, name="ref")
+    cand = MemoryDump({"input_ids": ids, **{f"aux.{i}": h[s] for i, s in enumerate((1, 2, 3))}}, name="cand")
+    contract = tmp_path / "contract.json"
+    contract.write_text(AuxContract(target=ModelInfo(num_layers=N, hidden_size=H),
+                                    slots=[SlotSpec(stream=s) for s in (1, 2, 3)]).model_dump_json())
+    agree = run(ref, cand, contract=str(contract), ref_layer_ids=[1, 2, 3])
+    assert agree.verdict == "pass" and any("declare the same streams" in n for n in agree.assumptions)
+    with pytest.raises(UsageError, match=r"\[0, 2, 3\].*\[1, 2, 3\]"):  # silently the contract's before
+        run(ref, cand, contract=str(contract), ref_layer_ids=[0, 2, 3])
+
+
+@pytest.mark.parametrize("cand_shape", ["[1, T]", "[T]"])
+def test_input_ids_of_a_batch_of_one_are_the_same_tokens(cand_shape):
+    ids, h = _walk()
+    ref = MemoryDump({"input_ids": ids, **{f"hidden.{s}": h[s] for s in range(N + 1)}},
+                     {"aux": {"stream_ids": [1, 2, 3]}}, name="ref")
+    cand_ids = ids[None] if cand_shape == "[1, T]" else ids
+    cand = MemoryDump({"input_ids": cand_ids, **{f"aux.{i}": h[s] for i, s in enumerate((1, 2, 3))}}, name="cand")
+    rep = run(ref, cand)
+    assert rep.verdict == "pass" and "SHAPE_MISMATCH" not in _codes(rep), rep.summary
+    other = ids.copy()
+    other[::2] = (other[::2] + 1) % 1000  # other tokens in a [1, T] batch still differ: nothing aligns
+    bad = MemoryDump({"input_ids": other[None] if cand_shape == "[1, T]" else other,
+                      **{f"aux.{i}": h[s] for i, s in enumerate((1, 2, 3))}}, name="bad")
+    assert run(ref, bad).verdict == "fail"
+
+
+@pytest.fixture(scope="module")
+def streams(tmp_path_factory) -> dict[str, np.ndarray]:
+    from consistency.dump.reader import open_dump
+    from consistency.record.api import record_reference
+    from tests.conftest import prompt_ids, tiny
+
+    p = tmp_path_factory.mktemp("claims") / "streams.safetensors"
+    record_reference(tiny("tiny-llama"), prompt_ids(tiny("tiny-llama"), 64), p, None)
+    with open_dump(p) as f:
+        return {n: f[n].read_all() for n in f.names}
+
+
+def _thin(path: Path, A: dict[str, np.ndarray], held: list[int], claim: list[int]) -> str:
+    from consistency.dump.writer import write_dump
+
+    return str(write_dump(path, {"input_ids": A["input_ids"], **{f"aux.{i}": A[f"hidden.{s}"] for i, s in enumerate(held)}},
+                          DumpMetadata(aux=AuxInfo(stream_ids=claim))))
+
+
+def test_thin_story_keeps_a_slot_below_the_lowest_recorded_stream(streams, tmp_path):
+    """A thin reference of streams [2, 5, 8]; the candidate holds [1, 4, 7] and says so. Slot 0
+    lies below stream 2, the lowest recorded: its range is 0..1, and the true claim agrees."""
+    ref = _thin(tmp_path / "thin.safetensors", streams, [2, 5, 8], [2, 5, 8])
+    cand = _thin(tmp_path / "cand.safetensors", streams, [1, 4, 7], [1, 4, 7])
+    rep = run(ref, cand)
+    assert rep.verdict == "fail"
+    assert "[0..1, 3..4, 6..7]" in rep.summary, rep.summary
+    assert "which the values agree with" in rep.summary and "do not bear out" not in rep.summary
+    lie = _thin(tmp_path / "lie.safetensors", streams, [1, 4, 7], [3, 6, 9])  # a false claim is still called false
+    assert "do not bear out" in run(ref, lie).summary
