@@ -107,3 +107,33 @@ def test_thin_story_keeps_a_slot_below_the_lowest_recorded_stream(streams, tmp_p
     assert "which the values agree with" in rep.summary and "do not bear out" not in rep.summary
     lie = _thin(tmp_path / "lie.safetensors", streams, [1, 4, 7], [3, 6, 9])  # a false claim is still called false
     assert "do not bear out" in run(ref, lie).summary
+
+
+@pytest.mark.parametrize("lossy_rank", [0, 1])
+@pytest.mark.parametrize("loss", ["dropped", "refused", "graph"])
+def test_every_ranks_recorder_losses_are_read(tmp_path, lossy_rank, loss):
+    """A two-rank set (replicated slots) whose rank ``lossy_rank`` says its recorder left
+    captures out: never PASS, whichever rank says it (the merged metadata is rank 0's)."""
+    from consistency.dump.writer import write_dump
+
+    ids, h = _walk()
+    ref = MemoryDump({"input_ids": ids, **{f"hidden.{s}": h[s] for s in range(N + 1)}},
+                     {"aux": {"stream_ids": [1, 2, 3]}}, name="ref")
+    said = {"dropped": {"dropped_captures": {"aux.0": 3}},
+            "refused": {"refused_captures": {"draft_out.0": {"count": 2, "reason": "dtype complex64"}}},
+            "graph": {"cuda_graphs": {"not_recorded": {"host value in a graph": {"aux.1": 1}}}}}[loss]
+    for r in range(2):
+        extra = said if r == lossy_rank else {}
+        write_dump(tmp_path / f"serve.rank{r}-of2.safetensors",
+                   {"input_ids": ids, **{f"aux.{i}": h[s] for i, s in enumerate((1, 2, 3))}},
+                   DumpMetadata(rank=r, world_size=2, extra=extra))
+    rep = run(ref, str(tmp_path / "serve.rank*-of2.safetensors"))
+    assert rep.verdict == "fail" and rep.findings[0].code == "CAPTURES_DROPPED", rep.summary
+    assert f"serve.rank{lossy_rank}-of2.safetensors" in rep.findings[0].message
+    clean = tmp_path / "clean"
+    clean.mkdir()
+    for r in range(2):
+        write_dump(clean / f"serve.rank{r}-of2.safetensors",
+                   {"input_ids": ids, **{f"aux.{i}": h[s] for i, s in enumerate((1, 2, 3))}},
+                   DumpMetadata(rank=r, world_size=2))
+    assert run(ref, str(clean / "serve.rank*-of2.safetensors")).verdict == "pass"

@@ -206,23 +206,51 @@ def dropped(d: Any, side: str) -> list[Finding]:
     host ring, a graph-buffer budget, a host value inside a CUDA graph): those rows were not
     compared, so the verdict can never pass on them. Read defensively (a hostile file)."""
     from consistency.contract.findings import Finding
+    from consistency.dump.sets import member_metadata
 
-    meta = getattr(d, "metadata", None)
+    counts: dict[str, int] = {}
+    reasons: list[str] = []
+    files: list[str] = []
+    members = member_metadata(d)
+    for label, meta in members:  # every rank of a set: rank 1's losses are as real as rank 0's
+        got, why = _losses(meta)
+        for name, n in got.items():
+            counts[name] = counts.get(name, 0) + n
+        reasons += [r for r in why if r not in reasons]
+        if got and label:
+            files.append(label)
+    if not counts:
+        return []
+    shown = ", ".join(f"{k} x{v}" for k, v in sorted(counts.items())[:8]) + (", ..." if len(counts) > 8 else "")
+    why = f" ({'; '.join(reasons[:4])})" if reasons else ""
+    where = f" in {', '.join(files[:4])}{', ...' if len(files) > 4 else ''}" if len(members) > 1 else ""
+    return [Finding.make("CAPTURES_DROPPED", f"the {side}'s recorder did not record {sum(counts.values())} "
+                         f"capture(s){where}{why}: {shown}; what they held was not compared",
+                         metrics={"dropped": dict(sorted(counts.items())[:64]), "side": side,
+                                  **({"files": files[:64]} if where else {})})]
+
+
+def _losses(meta: Any) -> tuple[dict[str, int], list[str]]:
+    """Captures one file's recorder says it left out: dropped (a full ring), not recorded
+    inside a CUDA graph, refused (a name or dtype the dump could not hold). Read
+    defensively: the metadata is the file's claim, and the file may be hostile."""
     extra = meta.extra if meta is not None and isinstance(meta.extra, dict) else {}
     counts: dict[str, int] = {}
     reasons: list[str] = []
     flat = extra.get("dropped_captures")
     graph = extra.get("cuda_graphs", {}).get("not_recorded") if isinstance(extra.get("cuda_graphs"), dict) else None
+    refused = extra.get("refused_captures")
     for source in ([flat] if isinstance(flat, dict) else []) + (list(graph.values()) if isinstance(graph, dict) else []):
         for name, n in (source.items() if isinstance(source, dict) else ()):
             if isinstance(n, int) and not isinstance(n, bool) and n > 0:
                 counts[str(name)[:80]] = max(counts.get(str(name)[:80], 0), n)
+    for name, entry in (refused.items() if isinstance(refused, dict) else ()):
+        n = entry.get("count") if isinstance(entry, dict) else None
+        if isinstance(n, int) and not isinstance(n, bool) and n > 0:
+            counts[str(name)[:80]] = counts.get(str(name)[:80], 0) + n
+            reason = entry.get("reason")
+            if isinstance(reason, str) and f"refused: {reason[:100]}" not in reasons:
+                reasons.append(f"refused: {reason[:100]}")
     if isinstance(graph, dict):
-        reasons = [str(r)[:120] for r in list(graph)[:4]]
-    if not counts:
-        return []
-    shown = ", ".join(f"{k} x{v}" for k, v in sorted(counts.items())[:8]) + (", ..." if len(counts) > 8 else "")
-    why = f" ({'; '.join(reasons)})" if reasons else ""
-    return [Finding.make("CAPTURES_DROPPED", f"the {side}'s recorder did not record {sum(counts.values())} "
-                         f"capture(s){why}: {shown}; what they held was not compared",
-                         metrics={"dropped": dict(sorted(counts.items())[:64]), "side": side})]
+        reasons = [str(r)[:120] for r in list(graph)[:4]] + reasons
+    return counts, reasons

@@ -103,3 +103,17 @@ def _plain_dump(p: Path) -> Dump | None:
             return d
         d.close()
     return None
+
+
+def member_metadata(d: Dump) -> list[tuple[str, object]]:
+    """(file name, metadata) of every file a side was opened from: each rank of a rank set
+    (tensor parallel, pipeline stages, data parallel), or the one file. What a recorder
+    says about its own losses lives in each rank's file, so reading the merged metadata
+    (rank 0's) alone let rank 1's dropped captures pass."""
+    members = getattr(d, "rank_dumps", None) or getattr(d, "all_dumps", None)
+    if members:
+        return [(m.path.name, m.metadata) for m in members]
+    base = getattr(d, "base", None)  # a view over a set (stitched, restricted)
+    if isinstance(base, Dump) and base is not d:
+        return member_metadata(base)
+    return [("", d.metadata)]
