@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from consistency.dump import names
 from consistency.dump.reader import Dump
 from consistency.errors import InputError
 
@@ -33,6 +34,11 @@ def open_side(spec: str | Path | Dump, layer_ids: Sequence[int] | None = None, c
     if isinstance(spec, Dump):
         return spec
     d = _open_side(spec, layer_ids, convention)
+    try:  # whatever reader opened it: two spellings of one name are never resolved silently
+        names.refuse_twins(d.path, d.tensors)
+    except BaseException:
+        d.close()
+        raise
     if not row_bound:
         return d
     from consistency.contract.bounds import env_limit

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from consistency.contract.models import DumpMetadata
-from consistency.dump import dtypes, safetensors_io
+from consistency.dump import dtypes, names, safetensors_io
 from consistency.record.guard import Refused, check_name
 from consistency.record.recorder import Recorder
 
@@ -98,6 +98,7 @@ class AsyncRecorder(Recorder):
         import torch
 
         check_name(name)
+        self.check_spelling(name)
         meta = self.parse_meta(meta)
         if _torch_dtype(tensor) not in dtypes.BY_NAME or tensor.dim() > safetensors_io.MAX_RANK:
             raise Refused(f"dtype {_torch_dtype(tensor)} with rank {tensor.dim()} cannot be stored in a dump")
@@ -107,6 +108,7 @@ class AsyncRecorder(Recorder):
             n += 1
             key = f"{name}#{n}"
         self.counts[name] = n
+        self._spellings.setdefault(names.spelling(name), name)
         sel = self._select(tensor)
         nbytes = sel.numel() * sel.element_size()
         if not self._reserve(name, nbytes):
