@@ -137,3 +137,92 @@ def test_every_ranks_recorder_losses_are_read(tmp_path, lossy_rank, loss):
                    {"input_ids": ids, **{f"aux.{i}": h[s] for i, s in enumerate((1, 2, 3))}},
                    DumpMetadata(rank=r, world_size=2))
     assert run(ref, str(clean / "serve.rank*-of2.safetensors")).verdict == "pass"
+
+
+# -- token_index: anchors are claims, checked against values (compare/anchors.py) ----------------------
+
+def _draft_sides(T: int = 26, draft_ids: bool = True) -> tuple[np.ndarray, list[np.ndarray], MemoryDump]:
+    """A training reference of a last-state draft's step 0: row r is the target's last state at
+    position r and the token after it (shift pairing: T-1 rows)."""
+    rng = np.random.default_rng(1)
+    h = [rng.standard_normal((T, H)).astype(np.float32)]
+    for _ in range(N):
+        h.append(h[-1] + 0.5 * rng.standard_normal((T, H)).astype(np.float32))
+    ids = rng.integers(0, 1000, T).astype(np.int64)
+    ref = MemoryDump({"input_ids": ids, **{f"hidden.{s}": h[s] for s in range(N + 1)}, "aux.0": h[N][:T - 1],
+                      **({"draft_ids.0": ids[1:]} if draft_ids else {})}, {"aux": {"stream_ids": [N]}}, name="ref")
+    return ids, h, ref
+
+
+@pytest.mark.parametrize("claimed", ["both", "input_only", "ids_only"])
+@pytest.mark.parametrize("own_ids", [True, False])
+def test_a_shifted_token_index_never_pairs_the_next_tokens_state(claimed, own_ids):
+    """The draft was fed the next token's state (row r holds h[r+1] beside token r+1) and the
+    file's token_index says anchor r+1, so pairing by it would meet the reference's row r+1
+    and pass. The tokens the rows hold (its own ids, the reference's), or the row-aligned
+    tensors' other anchors, refute it: a finding, and the rows pair by order (a token shift)."""
+    T = 26
+    ids, h, ref = _draft_sides(T, draft_ids=False)  # a reference of the target's states and tokens only
+    rows = np.arange(1, T)  # the bug: the state of the next token
+    shifted, honest = rows.tolist(), list(range(T - 1))
+    tensors = {"aux.0": h[N][rows], "draft_ids.0": ids[1:]}
+    if own_ids:
+        tensors["input_ids"] = ids
+    claims = {"both": {"aux.0": shifted, "draft_ids.0": shifted}, "input_only": {"aux.0": shifted},
+              "ids_only": {"aux.0": shifted, "draft_ids.0": honest}}[claimed]
+    cand = MemoryDump(tensors, {"tensors": {k: {"token_index": v} for k, v in claims.items()}}, name="cand")
+    rep = run(ref, cand)
+    assert rep.verdict == "fail" and rep.findings[0].code == "TOKEN_INDEX_FALSE", rep.summary
+    aux = next(f for f in rep.findings if f.tensor == "aux.0" and f.code != "TOKEN_INDEX_FALSE")
+    assert aux.code != "OK", rep.summary  # paired by order: h[r+1] against the reference's h[r]
+    honest_cand = MemoryDump({"aux.0": h[N][:T - 1].copy(), "draft_ids.0": ids[1:].copy(),
+                              **({"input_ids": ids.copy()} if own_ids else {})},
+                             {"tensors": {k: {"token_index": honest} for k in ("aux.0", "draft_ids.0")}}, name="ok")
+    assert run(ref, honest_cand).verdict == "pass"  # the same file with true anchors passes
+
+
+@pytest.mark.parametrize("positions", [False, True])
+def test_one_state_repeated_at_one_anchor_is_never_a_pairing(positions):
+    """26 copies of the state at position 0, token_index [0]*26, in a file whose own ids hold
+    one sequence of 26 tokens: refuted (its pass's positions, one sequence), compared by order."""
+    T = 26
+    ids, h, ref = _draft_sides(T)
+    ref = MemoryDump({"input_ids": ids, **{f"hidden.{s}": h[s] for s in range(N + 1)}}, {"aux": {"stream_ids": [2]}},
+                     name="ref")
+    extra = {"positions": np.arange(T, dtype=np.int64)} if positions else {}
+    cand = MemoryDump({"input_ids": ids, "aux.0": np.repeat(h[2][:1], T, axis=0), **extra},
+                      {"tensors": {"aux.0": {"token_index": [0] * T}}}, name="cand")
+    rep = run(ref, cand)
+    assert rep.verdict == "fail" and rep.findings[0].code == "TOKEN_INDEX_FALSE", rep.summary
+    assert rep.findings[0].metrics["check"] == "positions"
+    subset = MemoryDump({"input_ids": ids, "aux.0": np.repeat(h[2][:1], 5, axis=0), **extra},
+                        {"tensors": {"aux.0": {"token_index": [0] * 5}}}, name="cand5")  # fewer rows: the repeat
+    rep = run(ref, subset)
+    assert rep.verdict == "fail" and rep.findings[0].code == "TOKEN_INDEX_FALSE"
+    assert rep.findings[0].metrics["check"] == "repeat" and rep.findings[0].metrics["sequences"] == 1
+
+
+def test_anchors_of_a_batch_of_two_requests_may_repeat_twice():
+    """A [2, T] batch of two requests holds each anchor twice: its own ids say so; no finding."""
+    T = 13
+    ids, h, _ref = _draft_sides(T)
+    ref = MemoryDump({"input_ids": ids, **{f"hidden.{s}": h[s] for s in range(N + 1)}}, {"aux": {"stream_ids": [2]}},
+                     name="ref")
+    twice = list(range(T)) * 2
+    cand = MemoryDump({"input_ids": np.stack([ids, ids]), "aux.0": np.concatenate([h[2], h[2]])},
+                      {"tensors": {"aux.0": {"token_index": twice}}}, name="batch")
+    rep = run(ref, cand)
+    assert "TOKEN_INDEX_FALSE" not in _codes(rep), rep.summary
+    thrice = MemoryDump({"input_ids": np.stack([ids, ids]), "aux.0": np.concatenate([h[2][:1]] * 3 + [h[2], h[2][3:]])},
+                        {"tensors": {"aux.0": {"token_index": [0, 0, 0] + list(range(T)) + list(range(3, T))}}},
+                        name="thrice")
+    rep = run(ref, thrice)
+    assert rep.findings[0].code == "TOKEN_INDEX_FALSE", rep.summary
+
+
+def test_the_callers_dump_keeps_its_refuted_token_index():
+    ids, h, ref = _draft_sides(26)
+    cand = MemoryDump({"input_ids": ids, "aux.0": h[N][1:], "draft_ids.0": ids[1:]},
+                      {"tensors": {"aux.0": {"token_index": list(range(1, 26))}}}, name="cand")
+    run(ref, cand)
+    assert cand.metadata.tensors["aux.0"].token_index == list(range(1, 26))

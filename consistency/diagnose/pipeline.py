@@ -81,6 +81,8 @@ def run_request(req: CompareRequest) -> CompareReport:
             tokenizer = load_tokenizer(tokenizer)
         labels = (token_words.side_label(ref, "reference"), token_words.side_label(cand, "candidate"))
         drops = dropped(ref, "reference") + dropped(cand, "candidate")  # before stitching: the recorders' own words
+        ref, cand, false_anchors = checked_anchors(ref, cand)  # claims checked before any row is paired by them
+        drops += false_anchors
         ref, cand, alignment = prepare(ref, cand, tokenizer, same_context_only=True)
         cmp = compare(ref, cand, con, tol, progress=req.progress, declared=declared)
         alignment = context_by_values(alignment, cmp.results)  # a capture without positions: the values decide
@@ -199,6 +201,41 @@ def apply_ids(d: Any, common: list[int] | None, own: list[int] | None, conventio
     out.metadata = meta
     what = f"{d.path.name}: streams {streams} from {flag if own is not None else '--layer-ids'} {ids}"
     return out, [what + (f" (it recorded {list(recorded)})" if recorded else "")] + list(claims.notes)
+
+
+def checked_anchors(ref: Any, cand: Any) -> tuple[Any, Any, list[Finding]]:
+    """TOKEN_INDEX_FALSE for each ``token_index`` the values refute (compare/anchors.py);
+    the sides come back with those anchors dropped, so the rows pair by order and the values
+    decide: a refuted claim is a finding, never a pairing."""
+    from consistency.compare.anchors import check
+    from consistency.compare.types import Pair
+    from consistency.contract.findings import Finding
+
+    sides, problems = check(Pair(ref, cand))
+    out = []
+    for p in problems:
+        x = p.detail
+        if p.kind == "positions":
+            why = (f"{x['differ']} of its {x['rows']} rows claim other anchors than the positions of the forward pass "
+                   f"they belong to (row {x['row']}: anchor {x['anchor']}, position {x['position']})")
+        elif p.kind == "absent":
+            why = (f"{x['count']} row(s) claim anchors its forward pass does not hold (row {x['row']}: anchor "
+                   f"{x['anchor']}; the pass holds positions {x['span'][0]}..{x['span'][1]})")
+        elif p.kind == "repeat":
+            why = (f"anchor {x['anchor']} is claimed by {x['times']} of its {x['rows']} rows, but the file holds "
+                   f"{x['sequences']} sequence(s): one token's state cannot be {x['times']} rows")
+        elif p.kind == "tokens":
+            what = "the token at" if x["shift"] == 0 else "the token after"
+            why = (f"{x['count']} of {x['checked']} rows hold other tokens than {what} their anchor in {x['by']} "
+                   f"(row {x['row']}: anchor {x['anchor']} holds token {x['held']}, {x['by']} has "
+                   f"{x['expected']}): the rows stand for other tokens than it claims")
+        else:
+            why = (f"it is row-aligned with {x['with']} (one step, one pass) but claims other anchors (row {x['row']}: "
+                   f"{x['anchor']} against {x['other']})")
+        out.append(Finding.make("TOKEN_INDEX_FALSE", f"the {p.side}'s token_index of {p.tensor[:80]} is refuted by "
+                                f"values: {why}; its rows were paired by order, not by that claim",
+                                tensor=p.tensor[:80], metrics={"side": p.side, "check": p.kind, **x}))
+    return sides.ref, sides.cand, out
 
 
 def dropped(d: Any, side: str) -> list[Finding]:
