@@ -42,6 +42,12 @@ CAND_SLOTS = ("all", "suffix", "extra")
 FAULTS = ("benign", "slot_shift", "layer_offset", "layer_mismatch")
 LAST_FAULTS = ("benign", "prenorm", "layer")  # a last-state draft: fnorm(s=N) / stream N / stream N-1
 CONSUMER = ("none", "ref", "cand", "both")
+# claims inside the candidate's file (issue 34): its rows' anchors (tensors.*.token_index) and its
+# ranks' recorders. "shifted": the draft was fed the next token's state beside the next token
+# (draft_ids.0), and the file's token_index says so by shifting every anchor; "repeat": one state
+# at token_index [0]*T. "lossy{r}": a two-rank set whose rank r says its recorder dropped captures.
+ANCHORS = ("absent", "true", "shifted", "repeat")
+RANKS = ("one", "clean", "lossy0", "lossy1")
 NOTHING = frozenset({"EXPECTATION_UNKNOWN", "UNMATCHED", "NOT_VERIFIED"})
 VALUE_CODES = frozenset({"SLOT_SHIFT", "LAYER_OFFSET", "LAYER_MISMATCH", "ORDER_MISMATCH", "UNKNOWN", "NOT_VERIFIED",
                          "NORM_MISSING", "NORM_APPLIED", "UNMATCHED", "EXPECTATION_UNKNOWN"})
@@ -59,6 +65,8 @@ class Case:
     how: str = "contract"
     cand_slots: str = "all"
     consumer: str = "none"
+    anchors: str = "absent"
+    ranks: str = "one"
     tokens: int = 32
     seed: int = 0
 
@@ -118,6 +126,7 @@ class Built:
     cand_consumer: str | None
     declared: list[tuple[int, str]] | None  # (stream, norm) per slot, or None
     expect: Expect
+    anchors: dict[str, list[int]] = dataclasses.field(default_factory=dict)  # the candidate's token_index claims
 
 
 def build(st: Streams, c: Case) -> Built:
@@ -160,6 +169,31 @@ def build(st: Streams, c: Case) -> Built:
         declared = [(s, "none") for s in _other(agreeing, n)]
     b = Built(ref, ref_claims, None, None, cand, cand_claims, None, declared, Expect("any"))
     b.expect = _expect_eagle3(st, c, train, serve, slots, ref_claims, strongest, declared)
+    return _file_claims(b, c, st)
+
+
+def _file_claims(b: Built, c: Case, st: Streams) -> Built:
+    """The candidate file's anchors and ranks, and what they do to the verdict: a refuted
+    anchor (TOKEN_INDEX_FALSE) or a rank's dropped captures (CAPTURES_DROPPED) is never PASS,
+    whatever the slots hold; true anchors and a clean rank set change nothing."""
+    t = c.tokens
+    slots = sorted(k for k in b.cand if k.startswith("aux."))
+    b.anchors = {}
+    if c.anchors == "true":
+        b.anchors = {k: list(range(t)) for k in slots}
+    elif c.anchors == "shifted":  # row r holds token r+1's state beside token r+1, claimed as anchor r+1
+        for k in slots:
+            b.cand[k] = b.cand[k][1:]
+        b.cand["draft_ids.0"] = st.ids[1:t].copy()
+        b.anchors = {k: list(range(1, t)) for k in [*slots, "draft_ids.0"]}
+    elif c.anchors == "repeat":
+        for k in slots:
+            b.cand[k] = np.repeat(b.cand[k][:1], t, axis=0)
+        b.anchors = {k: [0] * t for k in slots}
+    codes = ({"TOKEN_INDEX_FALSE"} if c.anchors in ("shifted", "repeat") else set()) | \
+        ({"CAPTURES_DROPPED"} if c.ranks.startswith("lossy") else set())
+    if codes:
+        b.expect = Expect("fail", frozenset(codes))
     return b
 
 
@@ -228,6 +262,13 @@ def _build_last(st: Streams, c: Case, t: int, rng: np.random.Generator) -> Built
     elif c.declare == "conflict":
         declared = [(agreeing[0], "none" if agreeing[1] == "final_norm" else "final_norm")]
     b = Built(ref, ref_claims, ref_norm, rc, cand, cand_claims, cc, declared, Expect("any"))
+    _last_expect(b, c, n, strongest, declared, ref_claims, ref_norm)
+    return _file_claims(b, c, st)
+
+
+def _last_expect(b: Built, c: Case, n: int, strongest: tuple[int, str] | None, declared: list | None,
+                 ref_claims: list[int] | None, ref_norm: str | None) -> None:
+    truth = (n, "final_norm")
     conflict = declared is not None and strongest is not None and declared[0] != strongest
     if c.ref_shape in ("full", "thin"):
         want: tuple[int, str] | None = truth  # the slot's values (fnorm), whatever is claimed
@@ -244,7 +285,6 @@ def _build_last(st: Streams, c: Case, t: int, rng: np.random.Generator) -> Built
         b.expect = Expect("fail", VALUE_CODES)
     else:
         b.expect = Expect("pass")
-    return b
 
 
 # -- writing and running ------------------------------------------------------------------------
@@ -263,19 +303,32 @@ def write(b: Built, c: Case, st: Streams, d: Path) -> tuple[Path, Path, dict[str
     d.mkdir(parents=True, exist_ok=True)
 
     def side(name: str, tensors: dict, side_: str, claims: list[int] | None, norm: str | None, consumer: str | None,
-             dtype: str) -> Path:
+             dtype: str, anchors: dict[str, list[int]] | None = None, rank: int | None = None,
+             lossy: bool = False) -> Path:
+        from consistency.contract.models import TensorMeta
+
         aux = None
         if claims is not None:
             aux = AuxInfo(stream_ids=claims, **({"norm": norm} if norm else {}))
+        extra: dict[str, Any] = {"consumer": consumer} if consumer else {}
+        if lossy:
+            extra["dropped_captures"] = {"aux.1": 2}
         md = DumpMetadata(side=side_, aux=aux, model=ModelInfo(num_layers=st.n, hidden_size=st.hidden_size),
-                          extra={"consumer": consumer} if consumer else {})
+                          extra=extra, tensors={k: TensorMeta(token_index=a) for k, a in (anchors or {}).items()},
+                          **({"rank": rank, "world_size": 2} if rank is not None else {}))
         arrays = {k: (v if v.dtype.kind in "iub" else C._storage(v, dtype)) for k, v in tensors.items()}
-        p = d / f"{name}.safetensors"
+        p = d / (f"{name}.safetensors" if rank is None else f"{name}.rank{rank}-of2.safetensors")
         write_dump(p, arrays, md, force=True)
         return p
 
     ref = side("ref", b.ref, "training", b.ref_claims, b.ref_norm, b.ref_consumer, "float32")
-    cand = side("cand", b.cand, "serving", b.cand_claims, None, b.cand_consumer, "bfloat16")
+    if c.ranks == "one":
+        cand = side("cand", b.cand, "serving", b.cand_claims, None, b.cand_consumer, "bfloat16", b.anchors)
+    else:  # two ranks of one replicated capture; "lossy{r}": rank r's recorder says it dropped captures
+        for r in range(2):
+            side("cand", b.cand, "serving", b.cand_claims, None, b.cand_consumer, "bfloat16", b.anchors, rank=r,
+                 lossy=c.ranks == f"lossy{r}")
+        cand = d / "cand.rank*-of2.safetensors"
     kw: dict[str, Any] = {}
     if b.declared is not None:
         if c.how == "contract":
@@ -311,6 +364,21 @@ def every(arch: str = "llama", method: str = "eagle3") -> list[Case]:
         c = Case(arch, method, f, rs, rm, cm, dc, how, cs, co)
         if valid(c):
             out.append(c)
+    return out
+
+
+def file_claims(arch: str = "llama") -> list[Case]:
+    """The file-claims axes (issue 34: anchors, ranks) crossed with the faults and reference
+    shapes of both methods; the other axes at their defaults (their own table covers them)."""
+    out = []
+    for method in ("eagle3", "last"):
+        faults = FAULTS if method == "eagle3" else LAST_FAULTS
+        for f, rs, an, rk in itertools.product(faults, REF_SHAPES, ANCHORS, RANKS):
+            if rk in ("clean", "lossy0") and an not in ("absent", "shifted"):
+                continue  # every anchor with one file and rank 1's losses; the rest of the ranks with two
+            c = Case(arch, method, f, rs, anchors=an, ranks=rk)
+            if valid(c):
+                out.append(c)
     return out
 
 
