@@ -43,6 +43,9 @@ def test_compare_never_writes_the_callers_dump():
     first = run(ref, cand, layer_ids=[1, 2, 3])
     assert first.verdict == "pass"
     assert cand.metadata.aux is None  # the claims went on a copy, never into the caller's dump
+    from consistency import api
+
+    assert api.compare(ref, cand, layer_ids=[1, 2, 3]).verdict == "pass" and cand.metadata.aux is None
     again = run(ref, cand)  # nothing declared, nothing claimed: nothing says what the slots should hold
     assert again.verdict == "fail" and "EXPECTATION_UNKNOWN" in _codes(again)
     assert not [n for n in again.assumptions if "[1, 2, 3]" in n]
