@@ -33,6 +33,7 @@ import numpy as np
 from tests.scenarios import containers as C
 from tests.scenarios.build import FAMILIES, Streams, record
 from tests.scenarios.expect import ANY, Expect, Miss, SlotExpect, check
+from tests.scenarios.file_claims import ANCHORS, RANKS, file_claims, with_file_claims  # noqa: F401 - issue 34's axes
 
 META = ("true", "false", "absent")
 DECLARE = ("absent", "agree", "conflict")
@@ -42,12 +43,6 @@ CAND_SLOTS = ("all", "suffix", "extra")
 FAULTS = ("benign", "slot_shift", "layer_offset", "layer_mismatch")
 LAST_FAULTS = ("benign", "prenorm", "layer")  # a last-state draft: fnorm(s=N) / stream N / stream N-1
 CONSUMER = ("none", "ref", "cand", "both")
-# claims inside the candidate's file (issue 34): its rows' anchors (tensors.*.token_index) and its
-# ranks' recorders. "shifted": the draft was fed the next token's state beside the next token
-# (draft_ids.0), and the file's token_index says so by shifting every anchor; "repeat": one state
-# at token_index [0]*T. "lossy{r}": a two-rank set whose rank r says its recorder dropped captures.
-ANCHORS = ("absent", "true", "shifted", "repeat")
-RANKS = ("one", "clean", "lossy0", "lossy1")
 NOTHING = frozenset({"EXPECTATION_UNKNOWN", "UNMATCHED", "NOT_VERIFIED"})
 VALUE_CODES = frozenset({"SLOT_SHIFT", "LAYER_OFFSET", "LAYER_MISMATCH", "ORDER_MISMATCH", "UNKNOWN", "NOT_VERIFIED",
                          "NORM_MISSING", "NORM_APPLIED", "UNMATCHED", "EXPECTATION_UNKNOWN"})
@@ -169,32 +164,7 @@ def build(st: Streams, c: Case) -> Built:
         declared = [(s, "none") for s in _other(agreeing, n)]
     b = Built(ref, ref_claims, None, None, cand, cand_claims, None, declared, Expect("any"))
     b.expect = _expect_eagle3(st, c, train, serve, slots, ref_claims, strongest, declared)
-    return _file_claims(b, c, st)
-
-
-def _file_claims(b: Built, c: Case, st: Streams) -> Built:
-    """The candidate file's anchors and ranks, and what they do to the verdict: a refuted
-    anchor (TOKEN_INDEX_FALSE) or a rank's dropped captures (CAPTURES_DROPPED) is never PASS,
-    whatever the slots hold; true anchors and a clean rank set change nothing."""
-    t = c.tokens
-    slots = sorted(k for k in b.cand if k.startswith("aux."))
-    b.anchors = {}
-    if c.anchors == "true":
-        b.anchors = {k: list(range(t)) for k in slots}
-    elif c.anchors == "shifted":  # row r holds token r+1's state beside token r+1, claimed as anchor r+1
-        for k in slots:
-            b.cand[k] = b.cand[k][1:]
-        b.cand["draft_ids.0"] = st.ids[1:t].copy()
-        b.anchors = {k: list(range(1, t)) for k in [*slots, "draft_ids.0"]}
-    elif c.anchors == "repeat":
-        for k in slots:
-            b.cand[k] = np.repeat(b.cand[k][:1], t, axis=0)
-        b.anchors = {k: [0] * t for k in slots}
-    codes = ({"TOKEN_INDEX_FALSE"} if c.anchors in ("shifted", "repeat") else set()) | \
-        ({"CAPTURES_DROPPED"} if c.ranks.startswith("lossy") else set())
-    if codes:
-        b.expect = Expect("fail", frozenset(codes))
-    return b
+    return with_file_claims(b, c, st)
 
 
 def _expect_eagle3(st: Streams, c: Case, train: list[int], serve: list[int], slots: list[int],
@@ -263,7 +233,7 @@ def _build_last(st: Streams, c: Case, t: int, rng: np.random.Generator) -> Built
         declared = [(agreeing[0], "none" if agreeing[1] == "final_norm" else "final_norm")]
     b = Built(ref, ref_claims, ref_norm, rc, cand, cand_claims, cc, declared, Expect("any"))
     _last_expect(b, c, n, strongest, declared, ref_claims, ref_norm)
-    return _file_claims(b, c, st)
+    return with_file_claims(b, c, st)
 
 
 def _last_expect(b: Built, c: Case, n: int, strongest: tuple[int, str] | None, declared: list | None,
@@ -364,21 +334,6 @@ def every(arch: str = "llama", method: str = "eagle3") -> list[Case]:
         c = Case(arch, method, f, rs, rm, cm, dc, how, cs, co)
         if valid(c):
             out.append(c)
-    return out
-
-
-def file_claims(arch: str = "llama") -> list[Case]:
-    """The file-claims axes (issue 34: anchors, ranks) crossed with the faults and reference
-    shapes of both methods; the other axes at their defaults (their own table covers them)."""
-    out = []
-    for method in ("eagle3", "last"):
-        faults = FAULTS if method == "eagle3" else LAST_FAULTS
-        for f, rs, an, rk in itertools.product(faults, REF_SHAPES, ANCHORS, RANKS):
-            if rk in ("clean", "lossy0") and an not in ("absent", "shifted"):
-                continue  # every anchor with one file and rank 1's losses; the rest of the ranks with two
-            c = Case(arch, method, f, rs, anchors=an, ranks=rk)
-            if valid(c):
-                out.append(c)
     return out
 
 
