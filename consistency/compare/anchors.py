@@ -88,7 +88,15 @@ class _Axis:
     ids: dict[int, np.ndarray]
     positions: dict[int, np.ndarray]
     sequences: int | None
-    token_at: dict[int, int] | None
+    token_at: tuple[np.ndarray, np.ndarray] | None  # (sorted unique positions, the token at each)
+
+    def tokens(self, at: np.ndarray) -> np.ndarray:
+        """The token at each position of ``at``; -1 where this side holds none."""
+        if self.token_at is None or not len(self.token_at[0]):
+            return np.full(len(at), -1, dtype=np.int64)
+        pos, tok = self.token_at
+        i = np.clip(np.searchsorted(pos, at), 0, len(pos) - 1)
+        return np.where(pos[i] == at, tok[i], -1)
 
 
 def _axis(d: Dump) -> _Axis:
@@ -113,16 +121,16 @@ def _axis(d: Dump) -> _Axis:
             sequences = max(1, len(layout(d).segments))
         except InputError:  # stitching refuses it later, in one line; here the count is unknown
             sequences = None
-    token_at: dict[int, int] | None = None
-    if sequences == 1 and ids:
-        token_at = {}
-        for c, a in ids.items():
-            for p, t in zip(pos[c].tolist(), a.tolist(), strict=True):
-                if token_at.setdefault(p, t) != t:  # one position, two tokens: more than one sequence
-                    token_at = None
-                    break
-            if token_at is None:
-                break
+    token_at = None
+    if sequences == 1 and ids:  # one sequence: each position holds one token (arrays, not a dict: 2^24 ids)
+        p = np.concatenate([pos[c] for c in sorted(ids)])
+        t = np.concatenate([ids[c] for c in sorted(ids)])
+        order = np.argsort(p, kind="stable")
+        p, t = p[order], t[order]
+        same = p[1:] == p[:-1]
+        if not (same & (t[1:] != t[:-1])).any():  # one position, two tokens: more than one sequence
+            keep = np.concatenate(([True], ~same))
+            token_at = (p[keep], t[keep])
     return _Axis(ids, pos, sequences, token_at)
 
 
@@ -185,7 +193,7 @@ def _tokens(side: str, key: str, anchors: np.ndarray, held: np.ndarray, own: _Ax
     for who, axis in (("its own input_ids", own), ("the reference's input_ids", ref)):
         if axis is None or axis.token_at is None:
             continue
-        want = np.asarray([axis.token_at.get(int(a) + shift, -1) for a in anchors], dtype=np.int64)
+        want = axis.tokens(anchors + shift)
         known = want >= 0  # a position the side does not hold (the sampled token after the last) says nothing
         bad = known & (want != held)
         if bad.any():
