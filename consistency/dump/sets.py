@@ -34,11 +34,12 @@ def open_side(spec: str | Path | Dump, layer_ids: Sequence[int] | None = None, c
     if isinstance(spec, Dump):
         return spec
     d = _open_side(spec, layer_ids, convention)
-    try:  # whatever reader opened it: two spellings of one name are never resolved silently
-        names.refuse_twins(d.path, d.tensors)
-    except BaseException:
-        d.close()
-        raise
+    if type(d) is not Dump:  # our own reader already refused them (reader.canonical_names)
+        try:  # whatever other reader opened it: two spellings of one name are never resolved silently
+            names.refuse_twins(d.path, d.tensors)
+        except BaseException:
+            d.close()
+            raise
     if not row_bound:
         return d
     from consistency.contract.bounds import env_limit
