@@ -45,3 +45,33 @@ def test_the_checker_sees_a_claim_deciding():
     lying_cand = claims.build(st, claims.Case(ref_shape="streams", ref_meta="absent", cand_meta="true"))
     assert with_claim.expect.verdict == "pass" and without.expect.verdict == "fail"
     assert lying_cand.expect.verdict == "fail"  # the candidate's own true claim certifies nothing
+
+
+# -- claims inside the candidate's file (issue 34): anchors and every rank's recorder ---------------
+
+FILE_CASES = claims.file_claims()
+FILE_CHUNKS = [FILE_CASES[i:i + CHUNK] for i in range(0, len(FILE_CASES), CHUNK)]
+
+
+def test_the_file_claims_table_covers_its_axes_both_ways():
+    for axis, values in (("anchors", claims.ANCHORS), ("ranks", claims.RANKS), ("method", ("eagle3", "last")),
+                         ("ref_shape", claims.REF_SHAPES)):
+        assert {getattr(c, axis) for c in FILE_CASES} == set(values), axis
+    st = claims.record("llama")
+    verdicts = {c: claims.build(st, c).expect.verdict for c in FILE_CASES}
+    assert {"pass", "fail"} <= set(verdicts.values())
+    # the claim decides: the same values with true anchors / a clean set pass where a false one must not
+    benign = claims.Case(ref_shape="full")
+    assert verdicts[benign] == "pass" and verdicts[claims.Case(ref_shape="full", anchors="true")] == "pass"
+    assert verdicts[claims.Case(ref_shape="full", ranks="clean")] == "pass"
+    for bad in ({"anchors": "shifted"}, {"anchors": "repeat"}, {"ranks": "lossy1"}, {"ranks": "lossy0"}):
+        assert verdicts[claims.Case(ref_shape="full", **bad)] == "fail", bad
+
+
+@pytest.mark.parametrize("chunk", range(len(FILE_CHUNKS)))
+def test_file_claims_chunk(chunk: int, tmp_path) -> None:
+    lines = []
+    for i, c in enumerate(FILE_CHUNKS[chunk]):
+        _r, _e, misses = claims.run(c, tmp_path / str(i % 4))
+        lines += [f"{m.kind}: {m.detail[:200]}\n  repro: python -m tests.scenarios.claims {c.args()}" for m in misses]
+    assert not lines, "\n".join(lines[:20])

@@ -33,8 +33,9 @@ import numpy as np
 
 from consistency.compare.tokenizer import load_tokenizer
 from consistency.compare.tokens import Side, TokenAlignment, align
-from consistency.dump.reader import Dump
-from consistency.dump.rows import restrict
+from consistency.dump import names
+from consistency.dump.reader import Dump, TensorView
+from consistency.dump.rows import ViewDump, restrict
 from consistency.dump.stitch import Layout, stitch
 from consistency.errors import InputError
 
@@ -61,6 +62,7 @@ def prepare(ref: Dump, cand: Dump, tokenizer: Any = None, *,
         tokenizer = load_tokenizer(tokenizer)
     ref_v, ref_lay = stitch(ref)
     cand_v, cand_lay = stitch(cand)
+    ref_v, cand_v = flat_ids(ref_v, ref_lay.tokens), flat_ids(cand_v, cand_lay.tokens)
     rs, cs = _side("reference", ref_lay), _side("candidate", cand_lay)
     if rs is not None and cs is not None and len(rs.bounds) * len(cs.bounds) > MAX_REQUEST_PAIRS:
         raise InputError(cand.path, f"{len(cs.bounds)} candidate requests against {len(rs.bounds)} reference requests: "
@@ -85,6 +87,18 @@ def prepare(ref: Dump, cand: Dump, tokenizer: Any = None, *,
     ref_out = restrict(ref_v, al.ref_rows[keep], ref_lay.tokens, "aligned tokens")
     cand_out = restrict(cand_v, al.cand_rows[keep], cand_lay.tokens, "aligned tokens")
     return ref_out, cand_out, al
+
+
+def flat_ids(d: Dump, tokens: int) -> Dump:
+    """``input_ids`` as the token axis it is: a ``[1, T]`` (or ``[B, T]``) batch of ids is
+    the ``[T]`` (``[B*T]``) tokens the states' rows are, so ``[1, T]`` against ``[T]`` is the
+    same tokens, not a shape mismatch. Ids are small (one integer a token): read once."""
+    v = d.tensors.get(names.INPUT_IDS)
+    if v is None or len(v.shape) < 2 or v.numel != tokens or v.rows == tokens:
+        return d
+    arr = np.ascontiguousarray(v.read_all().reshape(-1))
+    flat = TensorView(v.name, v.dtype, (tokens,), arr.dtype, None, 0, v.path, array=arr)
+    return ViewDump(d, {**d.tensors, names.INPUT_IDS: flat}, fmt=d.format)
 
 
 def context_by_values(al: TokenAlignment, results: Iterable[Any]) -> TokenAlignment:

@@ -12,7 +12,7 @@ from types import MappingProxyType
 
 from pydantic import ValidationError
 
-from consistency.compare.types import Claim, Note, Pair, SideFacts
+from consistency.compare.types import Claim, Declared, Note, Pair, SideFacts
 from consistency.contract import consumers
 from consistency.contract.models import Consumer, ConsumerSpec, NormState
 from consistency.dump import names
@@ -129,3 +129,20 @@ def describe_pair(ref: Dump, cand: Dump, width_hint: int | None, n_hint: int | N
     rs = describe(ref, cand_h or width_hint, n_hint, "reference")
     cs = describe(cand, ref_h or rs.hidden_size or width_hint, n_hint or (rs.slot_count or None), "candidate")
     return Pair(rs, cs)
+
+
+def combine_declared(by_ids: Declared, by_contract: Declared, contract_name: str) -> tuple[Declared, list[str]]:
+    """Two declarations of the reference (``--contract`` and ``--ref-layer-ids``): one
+    declaration when they name the same streams (the contract's, which carries norm states),
+    a usage error when they do not. Dropping either silently would let the user believe
+    a declaration was checked that never was."""
+    from consistency.errors import UsageError
+
+    if by_ids.slots is None:
+        return by_contract, []
+    mine = [m.stream for m in by_ids.slots]
+    theirs = [m.stream for m in by_contract.slots or ()]
+    if mine != theirs:
+        raise UsageError(f"{by_ids.origin} declares reference streams {mine} but the contract {contract_name} "
+                         f"declares {theirs}: two declarations of one reference disagree; give one of them")
+    return by_contract, [f"{by_ids.origin} and the contract {contract_name} declare the same streams {mine}"]

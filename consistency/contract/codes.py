@@ -152,6 +152,12 @@ CODES: dict[str, CodeSpec] = {c.code: c for c in (
          "give the recorder room (max_host_bytes / ring_bytes; CONSISTENCY_RECORD_GRAPH_BYTES for CUDA-graph "
          "buffers) or record fewer slots or tokens, then record again",
          "issue 30: graph-buffer budget; consistency/record/async_capture.py bounded host memory"),
+    Code("TOKEN_INDEX_FALSE", _E, "a tensor's token_index (the anchor of each row) is refuted by values: its rows "
+         "belong to other positions of their forward pass, repeat one anchor more often than the file holds "
+         "sequences, hold other tokens than their anchors have, or disagree with a row-aligned tensor",
+         "record with consistency's recorder (it writes each row's anchor from the pass's positions), or drop the "
+         "token_index from the file; the rows are compared by order meanwhile",
+         "issue 34: anchors are claims (compare/anchors.py); docs/format.md 'Rows paired by anchor'"),
     Code("NOT_VERIFIED", _E, "the slot could not be checked: the reference does not record the stream it should hold",
          "record the reference with that stream (record --aux-layers, or every stream), or give a reference that has it"),
     Code("EXPECTATION_UNKNOWN", _E, "the slot holds a recorded stream, but nothing says which stream it should hold: "
@@ -297,6 +303,7 @@ _PROPERTIES: dict[str, dict[str, object]] = {
     "CONTRACT_CONFLICT": {"leads": True},
     "TOKEN_UNOWNED": {"leads": True},  # a layout fact: it explains the tokens the merged dump lacks
     "CAPTURES_DROPPED": {"leads": True, "unchecked": True},
+    "TOKEN_INDEX_FALSE": {"leads": True},
     "STALE_ROWS": {"context_sensitive": True},
 }
 for _code, _props in _PROPERTIES.items():

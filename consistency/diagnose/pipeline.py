@@ -61,11 +61,16 @@ def run_request(req: CompareRequest) -> CompareReport:
         cand = stack.enter_context(open_side(req.candidate, cand_ids if cand_ids is not None else ids, conv))
         cand = _with_n(cand, ref, stack)
         declared, dnotes = declare_ids(ref, ids, ref_ids, conv)
-        notes += dnotes + apply_ids(cand, ids, cand_ids, conv, "--cand-layer-ids")
+        cand, cnotes = apply_ids(cand, ids, cand_ids, conv, "--cand-layer-ids")
+        notes += dnotes + cnotes
         if con is not None:
             from consistency.compare.plan import declared_from_contract
+            from consistency.compare.sides import combine_declared
 
-            declared = declared_from_contract(con)[0]
+            declared, cnote = combine_declared(declared, declared_from_contract(con)[0],
+                                               os.fspath(req.contract) if isinstance(req.contract, (str, os.PathLike))
+                                               else "given")
+            notes += cnote
         declared = with_consumer(declared, req.consumer)
         ref, note = read_for(ref, declared, stack)
         notes += note
@@ -77,6 +82,8 @@ def run_request(req: CompareRequest) -> CompareReport:
             tokenizer = load_tokenizer(tokenizer)
         labels = (token_words.side_label(ref, "reference"), token_words.side_label(cand, "candidate"))
         drops = dropped(ref, "reference") + dropped(cand, "candidate")  # before stitching: the recorders' own words
+        ref, cand, false_anchors = checked_anchors(ref, cand)  # claims checked before any row is paired by them
+        drops += false_anchors
         ref, cand, alignment = prepare(ref, cand, tokenizer, same_context_only=True)
         cmp = compare(ref, cand, con, tol, progress=req.progress, declared=declared)
         alignment = context_by_values(alignment, cmp.results)  # a capture without positions: the values decide
@@ -163,16 +170,18 @@ def declare_ids(d: Any, common: list[int] | None, own: list[int] | None, convent
         [f"{d.path.name}: streams {streams} declared by {flag} {ids}"] + list(claims.notes)
 
 
-def apply_ids(d: Any, common: list[int] | None, own: list[int] | None, convention: str | None, flag: str) -> list[str]:
+def apply_ids(d: Any, common: list[int] | None, own: list[int] | None, convention: str | None,
+              flag: str) -> tuple[Any, list[str]]:
     """The candidate's claims as the user states them (``--cand-layer-ids``, or common ids
     for a candidate that records none): claims are only ever compared with the candidate's
-    values, so writing them into its metadata decides nothing (foreign readers already took
-    them)."""
+    values, so carrying them decides nothing (foreign readers already took them). They go
+    on a shallow copy of the dump, never into the caller's: an in-memory dump compared
+    again must not carry claims it never made."""
     from consistency.dump.formats.base import ForeignDump, resolve_claims
 
     ids = own if own is not None else common
     if ids is None or isinstance(d, ForeignDump):
-        return []
+        return d, []
     meta = d.metadata
     recorded = meta.aux.stream_ids if meta is not None and meta.aux is not None else None
     n_layers = meta.model.num_layers if meta is not None and meta.model is not None else None
@@ -184,17 +193,55 @@ def apply_ids(d: Any, common: list[int] | None, own: list[int] | None, conventio
     streams = claims.streams
     if recorded and own is None:
         if list(recorded) != list(streams or []):
-            return [f"{d.path.name} records streams {list(recorded)}; --layer-ids {ids} not applied to it "
-                    f"(use {flag} to override)"]
-        return []
+            return d, [f"{d.path.name} records streams {list(recorded)}; --layer-ids {ids} not applied to it "
+                       f"(use {flag} to override)"]
+        return d, []
+    import copy
+
     from consistency.contract.models import AuxInfo, DumpMetadata
 
     meta = meta.model_copy(deep=True) if meta is not None else DumpMetadata()
     meta.aux = (meta.aux or AuxInfo()).model_copy(update={"stream_ids": streams, "native_ids": ids,
                                                           "convention": claims.convention})
-    d.metadata = meta
+    out = copy.copy(d)  # the caller's dump keeps its own metadata; closing stays with the original
+    out.metadata = meta
     what = f"{d.path.name}: streams {streams} from {flag if own is not None else '--layer-ids'} {ids}"
-    return [what + (f" (it recorded {list(recorded)})" if recorded else "")] + list(claims.notes)
+    return out, [what + (f" (it recorded {list(recorded)})" if recorded else "")] + list(claims.notes)
+
+
+def checked_anchors(ref: Any, cand: Any) -> tuple[Any, Any, list[Finding]]:
+    """TOKEN_INDEX_FALSE for each ``token_index`` the values refute (compare/anchors.py);
+    the sides come back with those anchors dropped, so the rows pair by order and the values
+    decide: a refuted claim is a finding, never a pairing."""
+    from consistency.compare.anchors import check
+    from consistency.compare.types import Pair
+    from consistency.contract.findings import Finding
+
+    sides, problems = check(Pair(ref, cand))
+    out = []
+    for p in problems:
+        x = p.detail
+        if p.kind == "positions":
+            why = (f"{x['differ']} of its {x['rows']} rows claim other anchors than the positions of the forward pass "
+                   f"they belong to (row {x['row']}: anchor {x['anchor']}, position {x['position']})")
+        elif p.kind == "absent":
+            why = (f"{x['count']} row(s) claim anchors its forward pass does not hold (row {x['row']}: anchor "
+                   f"{x['anchor']}; the pass holds positions {x['span'][0]}..{x['span'][1]})")
+        elif p.kind == "repeat":
+            why = (f"anchor {x['anchor']} is claimed by {x['times']} of its {x['rows']} rows, but the file holds "
+                   f"{x['sequences']} sequence(s): one token's state cannot be {x['times']} rows")
+        elif p.kind == "tokens":
+            what = "the token at" if x["shift"] == 0 else "the token after"
+            why = (f"{x['count']} of {x['checked']} rows hold other tokens than {what} their anchor in {x['by']} "
+                   f"(row {x['row']}: anchor {x['anchor']} holds token {x['held']}, {x['by']} has "
+                   f"{x['expected']}): the rows stand for other tokens than it claims")
+        else:
+            why = (f"it is row-aligned with {x['with']} (one step, one pass) but claims other anchors (row {x['row']}: "
+                   f"{x['anchor']} against {x['other']})")
+        out.append(Finding.make("TOKEN_INDEX_FALSE", f"the {p.side}'s token_index of {p.tensor[:80]} is refuted by "
+                                f"values: {why}; its rows were paired by order, not by that claim",
+                                tensor=p.tensor[:80], metrics={"side": p.side, "check": p.kind, **x}))
+    return sides.ref, sides.cand, out
 
 
 def _with_n(cand: Any, ref: Any, stack: ExitStack) -> Any:
@@ -221,23 +268,51 @@ def dropped(d: Any, side: str) -> list[Finding]:
     host ring, a graph-buffer budget, a host value inside a CUDA graph): those rows were not
     compared, so the verdict can never pass on them. Read defensively (a hostile file)."""
     from consistency.contract.findings import Finding
+    from consistency.dump.sets import member_metadata
 
-    meta = getattr(d, "metadata", None)
+    counts: dict[str, int] = {}
+    reasons: list[str] = []
+    files: list[str] = []
+    members = member_metadata(d)
+    for label, meta in members:  # every rank of a set: rank 1's losses are as real as rank 0's
+        got, why = _losses(meta)
+        for name, n in got.items():
+            counts[name] = counts.get(name, 0) + n
+        reasons += [r for r in why if r not in reasons]
+        if got and label:
+            files.append(label)
+    if not counts:
+        return []
+    shown = ", ".join(f"{k} x{v}" for k, v in sorted(counts.items())[:8]) + (", ..." if len(counts) > 8 else "")
+    why = f" ({'; '.join(reasons[:4])})" if reasons else ""
+    where = f" in {', '.join(files[:4])}{', ...' if len(files) > 4 else ''}" if len(members) > 1 else ""
+    return [Finding.make("CAPTURES_DROPPED", f"the {side}'s recorder did not record {sum(counts.values())} "
+                         f"capture(s){where}{why}: {shown}; what they held was not compared",
+                         metrics={"dropped": dict(sorted(counts.items())[:64]), "side": side,
+                                  **({"files": files[:64]} if where else {})})]
+
+
+def _losses(meta: Any) -> tuple[dict[str, int], list[str]]:
+    """Captures one file's recorder says it left out: dropped (a full ring), not recorded
+    inside a CUDA graph, refused (a name or dtype the dump could not hold). Read
+    defensively: the metadata is the file's claim, and the file may be hostile."""
     extra = meta.extra if meta is not None and isinstance(meta.extra, dict) else {}
     counts: dict[str, int] = {}
     reasons: list[str] = []
     flat = extra.get("dropped_captures")
     graph = extra.get("cuda_graphs", {}).get("not_recorded") if isinstance(extra.get("cuda_graphs"), dict) else None
+    refused = extra.get("refused_captures")
     for source in ([flat] if isinstance(flat, dict) else []) + (list(graph.values()) if isinstance(graph, dict) else []):
         for name, n in (source.items() if isinstance(source, dict) else ()):
             if isinstance(n, int) and not isinstance(n, bool) and n > 0:
                 counts[str(name)[:80]] = max(counts.get(str(name)[:80], 0), n)
+    for name, entry in (refused.items() if isinstance(refused, dict) else ()):
+        n = entry.get("count") if isinstance(entry, dict) else None
+        if isinstance(n, int) and not isinstance(n, bool) and n > 0:
+            counts[str(name)[:80]] = counts.get(str(name)[:80], 0) + n
+            reason = entry.get("reason")
+            if isinstance(reason, str) and f"refused: {reason[:100]}" not in reasons:
+                reasons.append(f"refused: {reason[:100]}")
     if isinstance(graph, dict):
-        reasons = [str(r)[:120] for r in list(graph)[:4]]
-    if not counts:
-        return []
-    shown = ", ".join(f"{k} x{v}" for k, v in sorted(counts.items())[:8]) + (", ..." if len(counts) > 8 else "")
-    why = f" ({'; '.join(reasons)})" if reasons else ""
-    return [Finding.make("CAPTURES_DROPPED", f"the {side}'s recorder did not record {sum(counts.values())} "
-                         f"capture(s){why}: {shown}; what they held was not compared",
-                         metrics={"dropped": dict(sorted(counts.items())[:64]), "side": side})]
+        reasons = [str(r)[:120] for r in list(graph)[:4]] + reasons
+    return counts, reasons

@@ -42,11 +42,13 @@ class Position:
 
     @property
     def between(self) -> tuple[int, int | None] | None:
-        """The recorded streams it lies between (exclusive), or None."""
+        """The recorded streams it lies between (exclusive), or None; below the lowest
+        recorded stream the lower bound is -1 (streams 0..expected-1): dropping such a slot
+        shifted every later slot's range onto the wrong claim."""
         if self.side == "later":
             return (self.expected, self.upper)
-        if self.side == "earlier" and self.lower is not None:
-            return (self.lower, self.expected)
+        if self.side == "earlier":
+            return (self.lower if self.lower is not None else -1, self.expected)
         return None
 
 
@@ -198,7 +200,7 @@ def story(ev: Evidence, slots: Sequence[Result], unexplained: Sequence[bool], ca
     if len(sides) != 1 or None in sides:
         return None
     side = sides.pop()
-    ranges = [p.between for p in ps if p is not None]
+    ranges = [p.between if p is not None else None for p in ps]  # slot by slot: zipped with the claims below
     top = ev._num_layers()
     fmt = lambda b: f"{b[0] + 1}..{(b[1] - 1) if b[1] is not None else top if top is not None else 'N'}"  # noqa: E731
     expected = [p.expected for p in ps if p is not None]

@@ -19,6 +19,7 @@ Anything else is allowed and compared by name.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -63,6 +64,45 @@ def canonical(name: str) -> str:
     """The one spelling of an indexed name: ``hidden.01`` is ``hidden.1`` (stream 1)."""
     n = parse(name)
     return str(n) if n.index is not None else name
+
+
+# a dotted part that is all digits ("03" in model.layers.03.mlp, "00" in aux.00, "#02"): its value,
+# not its spelling, is what every reader keys on (int(), canonical())
+_PADDED = re.compile(r"(?<![^.#/])0+(?=\d+(?:[.#/]|$))")
+
+
+def spelling(name: str) -> str:
+    """The one spelling of any name: every all-digit part without leading zeros
+    (``model.layers.03.mlp`` -> ``model.layers.3.mlp``, ``aux.00`` -> ``aux.0``). Two names
+    of one spelling are one name written twice, and a reader that keyed on either would
+    keep whichever came first or last: the order of a file would decide PASS or FAIL."""
+    return _PADDED.sub("", name)
+
+
+def twin_spellings(keys: Iterable[str]) -> tuple[str, str] | None:
+    """The first two different names of one :func:`spelling` among ``keys`` (sorted), or None.
+    The same name repeated is no twin (a dumper writes ``input_ids`` per layer)."""
+    seen: dict[str, str] = {}
+    for k in keys:
+        if not isinstance(k, str):
+            continue
+        first = seen.setdefault(spelling(k), k)
+        if first != k:
+            a, b = sorted((first, k))
+            return a, b
+    return None
+
+
+def refuse_twins(path: object, keys: Iterable[str], what: str = "holds") -> None:
+    """One line naming the file and both spellings (exit 2) when ``keys`` hold two spellings
+    of one name: every reader calls it on the names it keys on, every writer before writing."""
+    pair = twin_spellings(keys)
+    if pair is not None:
+        from consistency.errors import InputError
+
+        a, b = (x if len(x) <= 80 else x[:80] + "..." for x in pair)
+        raise InputError(path, f"{what} {a!r} and {b!r}: two spellings of {spelling(pair[0])[:80]!r}; refused, "
+                               "since either could be meant")
 
 
 def hidden(s: int) -> str:

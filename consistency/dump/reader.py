@@ -284,6 +284,7 @@ class Dump:
 def canonical_names(d: Dump) -> None:
     """One spelling per meaning: ``hidden.01`` becomes ``hidden.1`` (and its metadata entry
     with it); two spellings of one name in a file are refused, since either could be meant."""
+    names.refuse_twins(d.path, d.tensors)  # any name: model.layers.03.x beside model.layers.3.x too
     renames = {n: names.canonical(n) for n in d.tensors if names.canonical(n) != n}
     if not renames:
         return

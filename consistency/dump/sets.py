@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from consistency.dump import names
 from consistency.dump.reader import Dump
 from consistency.errors import InputError
 
@@ -33,6 +34,12 @@ def open_side(spec: str | Path | Dump, layer_ids: Sequence[int] | None = None, c
     if isinstance(spec, Dump):
         return spec
     d = _open_side(spec, layer_ids, convention)
+    if type(d) is not Dump:  # our own reader already refused them (reader.canonical_names)
+        try:  # whatever other reader opened it: two spellings of one name are never resolved silently
+            names.refuse_twins(d.path, d.tensors)
+        except BaseException:
+            d.close()
+            raise
     if not row_bound:
         return d
     from consistency.contract.bounds import env_limit
@@ -103,3 +110,17 @@ def _plain_dump(p: Path) -> Dump | None:
             return d
         d.close()
     return None
+
+
+def member_metadata(d: Dump) -> list[tuple[str, object]]:
+    """(file name, metadata) of every file a side was opened from: each rank of a rank set
+    (tensor parallel, pipeline stages, data parallel), or the one file. What a recorder
+    says about its own losses lives in each rank's file, so reading the merged metadata
+    (rank 0's) alone let rank 1's dropped captures pass."""
+    members = getattr(d, "rank_dumps", None) or getattr(d, "all_dumps", None)
+    if members:
+        return [(m.path.name, m.metadata) for m in members]
+    base = getattr(d, "base", None)  # a view over a set (stitched, restricted)
+    if isinstance(base, Dump) and base is not d:
+        return member_metadata(base)
+    return [("", d.metadata)]

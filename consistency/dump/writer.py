@@ -16,7 +16,7 @@ import numpy as np
 
 from consistency.contract.io import strict_json, writable
 from consistency.contract.models import DumpMetadata, TensorMeta
-from consistency.dump import dtypes, npz_io, safetensors_io
+from consistency.dump import dtypes, names, npz_io, safetensors_io
 from consistency.dump.atomic import atomic_write, check_writable
 from consistency.dump.reader import MAX_META_TEXT, META_KEY
 from consistency.errors import InputError, UsageError
@@ -106,6 +106,11 @@ def write_dump(path: str | Path, tensors: Mapping[str, TensorLike], metadata: Du
     if len(tensors) > limit:
         raise UsageError(f"{p}: {len(tensors)} tensors; a {p.suffix or 'safetensors'} dump holds at most {limit} "
                          "(readers refuse more)")
+    twins = names.twin_spellings(tensors)
+    if twins is not None:  # never write a file our own reader refuses
+        raise UsageError(f"{p}: tensors {twins[0][:80]!r} and {twins[1][:80]!r} are two spellings of "
+                         f"{names.spelling(twins[0])[:80]!r}; readers refuse a file holding both, since either could be "
+                         "meant: write one")
     arrays: dict[str, tuple[np.ndarray, str]] = {}
     for name, value in tensors.items():
         problem = name_problem(name)

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from consistency.contract.models import DumpMetadata
-from consistency.dump import dtypes, safetensors_io
+from consistency.dump import dtypes, names, safetensors_io
 from consistency.record.guard import Refused, check_name
 from consistency.record.recorder import Recorder
 from consistency.record.staging import StepStaging, unpack
@@ -109,6 +109,7 @@ class AsyncRecorder(Recorder):
 
         if name not in self._checked:
             check_name(name)
+            self.check_spelling(name)
             self._checked.add(name)
         meta = self.parse_meta(meta) if meta else meta
         if tensor.dtype not in self._dtypes_ok or tensor.dim() > safetensors_io.MAX_RANK:
@@ -119,6 +120,7 @@ class AsyncRecorder(Recorder):
             n += 1
             key = f"{name}#{n}"
         self.counts[name] = n
+        self._spellings.setdefault(names.spelling(name), name)
         sel = self._select(tensor)
         nbytes = sel.numel() * sel.element_size()
         if not self._reserve(name, nbytes):

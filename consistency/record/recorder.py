@@ -28,6 +28,7 @@ from typing import Any
 
 from consistency import __version__
 from consistency.contract.models import AuxInfo, DumpMetadata, ModelInfo, RuntimeInfo
+from consistency.dump import names
 from consistency.dump.writer import max_tensors, write_dump
 from consistency.errors import UsageError
 from consistency.record import guard
@@ -95,6 +96,7 @@ class Recorder:
         self.tensors: dict[str, tuple[Any, str]] = {}
         self.counts: dict[str, int] = {}
         self.refused: dict[str, dict[str, Any]] = {}  # name -> {"count", "reason"}: in extra.refused_captures
+        self._spellings: dict[str, str] = {}  # names.spelling(name) -> the first name captured of that spelling
         self.written: Path | None = None
         self.dirty = False  # captures since the last write
         self._written_id: tuple[int, ...] | None = None
@@ -136,6 +138,7 @@ class Recorder:
 
     def _capture(self, name: str, tensor: Any, producer: str | None, positions: Any, meta: dict[str, Any]) -> None:
         check_name(name)
+        self.check_spelling(name)
         tm = guard.tensor_meta(tensor, producer, self.parse_meta(meta))
         host = guard.host_copy(tensor)  # everything checked before anything is kept
         if len(self.tensors) >= max_tensors(self.path):
@@ -151,10 +154,20 @@ class Recorder:
         if self._meta_chars + size > guard.meta_budget():
             raise Refused(f"the recording's metadata would pass the readers' {guard.MAX_META_TEXT}-character bound")
         self.counts[name] = n
+        self._spellings.setdefault(names.spelling(name), name)  # kept: later captures are held to its spelling
         self._meta_chars += size
         self.tensors[key] = host
         self.metadata.tensors[key] = tm
         self.dirty = True
+
+    def check_spelling(self, name: str) -> None:
+        """Refuse ``aux.00`` after ``aux.0`` was kept (or ``layers.03`` after ``layers.3``):
+        the file would hold two spellings of one name, which every reader refuses, so the
+        whole recording would be unreadable; the earlier spelling stays, this one is said."""
+        first = self._spellings.get(names.spelling(name), name)
+        if first != name:
+            raise Refused(f"its name is another spelling of {first[:80]!r}, captured before (a file holding both is "
+                          "refused by every reader); capture it under one spelling")
 
     def _refuse(self, name: Any, reason: str) -> None:
         if self.strict:

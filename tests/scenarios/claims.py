@@ -33,6 +33,7 @@ import numpy as np
 from tests.scenarios import containers as C
 from tests.scenarios.build import FAMILIES, Streams, record
 from tests.scenarios.expect import ANY, Expect, Miss, SlotExpect, check
+from tests.scenarios.file_claims import ANCHORS, RANKS, file_claims, with_file_claims  # noqa: F401 - issue 34's axes
 
 META = ("true", "false", "absent")
 DECLARE = ("absent", "agree", "conflict")
@@ -59,6 +60,8 @@ class Case:
     how: str = "contract"
     cand_slots: str = "all"
     consumer: str = "none"
+    anchors: str = "absent"
+    ranks: str = "one"
     tokens: int = 32
     seed: int = 0
 
@@ -118,6 +121,7 @@ class Built:
     cand_consumer: str | None
     declared: list[tuple[int, str]] | None  # (stream, norm) per slot, or None
     expect: Expect
+    anchors: dict[str, list[int]] = dataclasses.field(default_factory=dict)  # the candidate's token_index claims
 
 
 def build(st: Streams, c: Case) -> Built:
@@ -160,7 +164,7 @@ def build(st: Streams, c: Case) -> Built:
         declared = [(s, "none") for s in _other(agreeing, n)]
     b = Built(ref, ref_claims, None, None, cand, cand_claims, None, declared, Expect("any"))
     b.expect = _expect_eagle3(st, c, train, serve, slots, ref_claims, strongest, declared)
-    return b
+    return with_file_claims(b, c, st)
 
 
 def _expect_eagle3(st: Streams, c: Case, train: list[int], serve: list[int], slots: list[int],
@@ -228,6 +232,13 @@ def _build_last(st: Streams, c: Case, t: int, rng: np.random.Generator) -> Built
     elif c.declare == "conflict":
         declared = [(agreeing[0], "none" if agreeing[1] == "final_norm" else "final_norm")]
     b = Built(ref, ref_claims, ref_norm, rc, cand, cand_claims, cc, declared, Expect("any"))
+    _last_expect(b, c, n, strongest, declared, ref_claims, ref_norm)
+    return with_file_claims(b, c, st)
+
+
+def _last_expect(b: Built, c: Case, n: int, strongest: tuple[int, str] | None, declared: list | None,
+                 ref_claims: list[int] | None, ref_norm: str | None) -> None:
+    truth = (n, "final_norm")
     conflict = declared is not None and strongest is not None and declared[0] != strongest
     if c.ref_shape in ("full", "thin"):
         want: tuple[int, str] | None = truth  # the slot's values (fnorm), whatever is claimed
@@ -244,7 +255,6 @@ def _build_last(st: Streams, c: Case, t: int, rng: np.random.Generator) -> Built
         b.expect = Expect("fail", VALUE_CODES)
     else:
         b.expect = Expect("pass")
-    return b
 
 
 # -- writing and running ------------------------------------------------------------------------
@@ -263,19 +273,32 @@ def write(b: Built, c: Case, st: Streams, d: Path) -> tuple[Path, Path, dict[str
     d.mkdir(parents=True, exist_ok=True)
 
     def side(name: str, tensors: dict, side_: str, claims: list[int] | None, norm: str | None, consumer: str | None,
-             dtype: str) -> Path:
+             dtype: str, anchors: dict[str, list[int]] | None = None, rank: int | None = None,
+             lossy: bool = False) -> Path:
+        from consistency.contract.models import TensorMeta
+
         aux = None
         if claims is not None:
             aux = AuxInfo(stream_ids=claims, **({"norm": norm} if norm else {}))
+        extra: dict[str, Any] = {"consumer": consumer} if consumer else {}
+        if lossy:
+            extra["dropped_captures"] = {"aux.1": 2}
         md = DumpMetadata(side=side_, aux=aux, model=ModelInfo(num_layers=st.n, hidden_size=st.hidden_size),
-                          extra={"consumer": consumer} if consumer else {})
+                          extra=extra, tensors={k: TensorMeta(token_index=a) for k, a in (anchors or {}).items()},
+                          **({"rank": rank, "world_size": 2} if rank is not None else {}))
         arrays = {k: (v if v.dtype.kind in "iub" else C._storage(v, dtype)) for k, v in tensors.items()}
-        p = d / f"{name}.safetensors"
+        p = d / (f"{name}.safetensors" if rank is None else f"{name}.rank{rank}-of2.safetensors")
         write_dump(p, arrays, md, force=True)
         return p
 
     ref = side("ref", b.ref, "training", b.ref_claims, b.ref_norm, b.ref_consumer, "float32")
-    cand = side("cand", b.cand, "serving", b.cand_claims, None, b.cand_consumer, "bfloat16")
+    if c.ranks == "one":
+        cand = side("cand", b.cand, "serving", b.cand_claims, None, b.cand_consumer, "bfloat16", b.anchors)
+    else:  # two ranks of one replicated capture; "lossy{r}": rank r's recorder says it dropped captures
+        for r in range(2):
+            side("cand", b.cand, "serving", b.cand_claims, None, b.cand_consumer, "bfloat16", b.anchors, rank=r,
+                 lossy=c.ranks == f"lossy{r}")
+        cand = d / "cand.rank*-of2.safetensors"
     kw: dict[str, Any] = {}
     if b.declared is not None:
         if c.how == "contract":

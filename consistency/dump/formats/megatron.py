@@ -104,6 +104,7 @@ def _chunks(p: Path, a: ptzip.Archive) -> list[tuple[int, dict[str, Any]]]:
         if not isinstance(obj[key], dict):
             raise InputError(p, f"{key} holds a {type(obj[key]).__name__}, not a dict")
         e: dict[str, Any] = {}
+        names.refuse_twins(p, obj[key])  # decoder.layers.3 beside decoder.layers.03: either could be layer 3
         for k, v in obj[key].items():
             if isinstance(k, str):
                 e.setdefault(re.sub(r"^(module\.)+", "", k), v)

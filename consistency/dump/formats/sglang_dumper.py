@@ -222,6 +222,7 @@ def _step(d: Path, recs: list[tuple[int, dict, Any, dict, int]], n_layers: int |
     seq_lens = None
     core: list[tuple[bool, str, ptzip.PtTensor, int]] = []
     unknown: set[str] = set()
+    names.refuse_twins(d, (f["name"] for _i, f, *_rest in recs), "holds files named")  # one step of one rank
     for _i, f, value, _meta, fd in sorted(recs, key=lambda r: r[0]):
         name = f["name"]
         if name in ("input_ids", "positions") and isinstance(value, ptzip.PtTensor):

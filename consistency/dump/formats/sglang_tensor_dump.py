@@ -107,6 +107,10 @@ def _passes(d: Path) -> list[Path]:
     files = sorted((int(m.group(1)), x) for x in d.iterdir() if (m := PASS_FILE.match(x.name)))
     if len(files) > MAX_PASSES:
         raise InputError(d, f"holds {len(files)} pass files, over the {MAX_PASSES} bound")
+    twin = next(((a.name, b.name) for (n, a), (m, b) in zip(files, files[1:]) if n == m), None)
+    if twin is not None:  # Pass00001.pt and Pass000001.pt: one pass, two files; either could be meant
+        raise InputError(d, f"holds {min(twin)!r} and {max(twin)!r}: two spellings of pass {int(twin[0][4:-3])}; "
+                         "refused, since either could be meant")
     nums = [n for n, _x in files]
     if nums != list(range(len(nums))):
         gap = next(i for i, n in enumerate(nums) if n != i)
@@ -119,6 +123,7 @@ def _load(p: Path, archives: list[ptzip.Archive]) -> tuple[dict[str, Any], int]:
     archives.append(a)
     if not isinstance(a.obj, dict) or not all(isinstance(k, str) for k in a.obj):
         raise InputError(p, f"holds a {type(a.obj).__name__}; an SGLang pass file is a dict of module name -> output")
+    names.refuse_twins(p, a.obj)  # model.layers.3 and model.layers.03 would both be stream 3: first one wins
     return a.obj, a.fd
 
 

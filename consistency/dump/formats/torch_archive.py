@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from consistency.contract.models import DumpMetadata, RuntimeInfo
-from consistency.dump import ptzip
+from consistency.dump import names, ptzip
 from consistency.dump.formats.base import ForeignDump, tensor_meta
 from consistency.dump.reader import Dump, TensorView
 from consistency.errors import InputError
@@ -39,6 +39,7 @@ def open_file(path: Path, layer_ids: Sequence[int] | None = None, convention: st
         flat: dict[str, ptzip.PtTensor] = {}
         skipped: list[str] = []
         _flatten(path, "", a.obj, flat, skipped)
+        names.refuse_twins(path, flat)  # {"aux": {"0": x, "00": y}}: which one is slot 0 is not ours to pick
         if not flat:
             raise InputError(path, f"a torch.save archive of a {type(a.obj).__name__} holding no tensors")
         tensors: dict[str, TensorView] = {k: t.view(k, a.fd) for k, t in flat.items()}
