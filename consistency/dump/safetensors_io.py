@@ -101,7 +101,7 @@ def _describe(head: bytes) -> str:
         text = head[:exc.start].decode("utf-8") if exc.reason == "unexpected end of data" else "\x00"
     if text and all(c.isprintable() or c in "\t\r\n" for c in text):
         return "text" + (" (JSON)" if text.lstrip().startswith(("{", "[")) else "")  # never echoed: it may be a secret
-    return "bytes " + head[:8].hex(" ")
+    return "binary data"  # never its bytes: a committed symlink may point at a secret
 
 
 def parse_header(path: Path, fd: int) -> Header:

@@ -14,6 +14,7 @@ The files are read by the restricted archive reader (:mod:`consistency.dump.ptzi
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -91,15 +92,18 @@ def _parse_ranks(path: Path, dirs: Sequence[Path]) -> dict[tuple[int, int], Path
             raise InputError(d, f"two processes wrote TP{tp}_PP{pp} ({out[(pp, tp)].name} and {d.name}): a restarted "
                              "server dumps into the same folder; keep one run's directories")
         out[(pp, tp)] = d
-    tps = {tp for _pp, tp in out}
-    pps = {pp for pp, _tp in out}
-    missing = [f"TP{tp}_PP{pp}" for pp in range(max(pps) + 1) for tp in range(max(tps) + 1) if (pp, tp) not in out]
-    if missing and len(dirs) > 1:
-        raise InputError(path, f"rank directories {', '.join(missing[:6])} are missing (found {len(out)})")
+    tp_size, pp_size = max(tp for _pp, tp in out) + 1, max(pp for pp, _tp in out) + 1
+    if len(dirs) > 1 and tp_size * pp_size != len(out):
+        # the names claim a layout; the directories present are the evidence (never a table of the claim's size)
+        missing = list(itertools.islice(((pp, tp) for pp in range(pp_size) for tp in range(tp_size)
+                                         if (pp, tp) not in out), 6))
+        raise InputError(path, f"rank directories name TP up to {tp_size - 1} and PP up to {pp_size - 1} "
+                         f"({tp_size * pp_size} ranks) but {len(out)} are present; missing "
+                         f"{', '.join(f'TP{tp}_PP{pp}' for pp, tp in missing)}{', ...' if len(missing) == 6 else ''}")
     for (pp, tp), d in out.items():
         rank = int(RANK_DIR.match(d.name).group(3))  # type: ignore[union-attr]
-        if len(dirs) > 1 and rank != (max(tps) + 1) * pp + tp:
-            raise InputError(d, f"Rank{rank} is not tp_size * pp_rank + tp_rank = {(max(tps) + 1) * pp + tp}")
+        if len(dirs) > 1 and rank != tp_size * pp + tp:
+            raise InputError(d, f"Rank{rank} is not tp_size * pp_rank + tp_rank = {tp_size * pp + tp}")
     return out
 
 
@@ -230,8 +234,9 @@ N_CHECK = 1e-2  # token rel_diff: a bf16 add rounds within 2^-8; another stream 
 def _build(path: Path, root: Path, layout: str, ranks: dict[tuple[int, int], Path], archives: list[ptzip.Archive],
            layer_ids: Sequence[int] | None, convention: str | None) -> ForeignDump:
     notes: list[str] = []
-    tp_size = max(tp for _pp, tp in ranks) + 1
-    pp_size = max(pp for pp, _tp in ranks) + 1
+    tps = sorted({tp for _pp, tp in ranks})  # the ranks present: one directory may be named TP9999_PP9999
+    pps = sorted({pp for pp, _tp in ranks})
+    tp_size, pp_size = len(tps), len(pps)
     first = ptzip.open_archive(_passes(ranks[min(ranks)])[0]) if _passes(ranks[min(ranks)]) else None
     if first is None:
         raise InputError(ranks[min(ranks)], "holds no Pass*.pt file")
@@ -257,8 +262,8 @@ def _build(path: Path, root: Path, layout: str, ranks: dict[tuple[int, int], Pat
     passes, replicas = [], {}
     for k in range(counts.pop()):
         stages = []
-        for pp in range(pp_size):
-            group = [per_rank[(pp, tp)][k] for tp in range(tp_size) if (pp, tp) in per_rank]
+        for pp in pps:
+            group = [per_rank[(pp, tp)][k] for tp in tps if (pp, tp) in per_rank]
             combined, rep, _n = stock.combine_ranks(path, group, list(range(len(group))))
             replicas.update({(n if k == 0 else f"{n}#{k + 1}"): v for n, v in rep.items()})
             stages.append(combined)
