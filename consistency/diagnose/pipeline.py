@@ -193,7 +193,8 @@ def apply_ids(d: Any, common: list[int] | None, own: list[int] | None, conventio
 
 def dropped(d: Any, side: str) -> list[Finding]:
     """CAPTURES_DROPPED when a dump's metadata says its recorder left captures out (a full
-    host ring, a graph-buffer budget, a host value inside a CUDA graph): those rows were not
+    host ring, a graph-buffer budget, a host value inside a CUDA graph, a capture it refused:
+    ``extra.refused_captures``): those rows were not
     compared, so the verdict can never pass on them. Read defensively (a hostile file)."""
     from consistency.contract.findings import Finding
 
@@ -209,6 +210,13 @@ def dropped(d: Any, side: str) -> list[Finding]:
                 counts[str(name)[:80]] = max(counts.get(str(name)[:80], 0), n)
     if isinstance(graph, dict):
         reasons = [str(r)[:120] for r in list(graph)[:4]]
+    refused = extra.get("refused_captures")  # {name: {"count", "reason"}}: captures the recorder refused
+    for name, entry in (refused.items() if isinstance(refused, dict) else ()):
+        n = entry.get("count") if isinstance(entry, dict) else None
+        if isinstance(n, int) and not isinstance(n, bool) and n > 0:
+            counts[str(name)[:80]] = max(counts.get(str(name)[:80], 0), n)
+            if len(reasons) < 4:
+                reasons.append(f"{str(name)[:40]} refused: {str(entry.get('reason'))[:120]}")
     if not counts:
         return []
     shown = ", ".join(f"{k} x{v}" for k, v in sorted(counts.items())[:8]) + (", ..." if len(counts) > 8 else "")

@@ -92,11 +92,13 @@ class AsyncRecorder(Recorder):
             tensor = self._select(tensor[:, None])[:, 0]  # the kept tokens' ids/positions, in the same order
         if not hasattr(tensor, "is_cuda") or not tensor.is_cuda:
             sel = self._select(tensor) if hasattr(tensor, "dim") else tensor
-            if self._reserve(name, sel.numel() * sel.element_size() if hasattr(sel, "numel") else sel.nbytes):
-                super().capture(name, sel, producer, **meta)
+            nbytes = sel.numel() * sel.element_size() if hasattr(sel, "numel") else sel.nbytes
+            if self._reserve(name, nbytes):
+                kept = self.counts.get(name, 0)
+                super().capture(name, sel, producer, **meta)  # refuses (never raises) what a dump cannot hold
+                if self.counts.get(name, 0) == kept:  # refused: what it reserved goes back to later captures
+                    self._unreserve(nbytes)
             return
-        import torch
-
         check_name(name)
         meta = self.parse_meta(meta)
         if _torch_dtype(tensor) not in dtypes.BY_NAME or tensor.dim() > safetensors_io.MAX_RANK:
@@ -111,6 +113,17 @@ class AsyncRecorder(Recorder):
         nbytes = sel.numel() * sel.element_size()
         if not self._reserve(name, nbytes):
             return
+        try:
+            self._copy_out(name, key, tensor, sel, nbytes, producer, meta)
+        except BaseException:  # refused (capture() says why): its reservation and layout go back
+            self._unreserve(nbytes)
+            self._layouts.pop(key, None)
+            raise
+
+    def _copy_out(self, name: str, key: str, tensor: Any, sel: Any, nbytes: int, producer: str | None,
+                  meta: dict[str, Any]) -> None:
+        import torch
+
         if self._ring is None:
             self.prepare(sel.device)
         # layout facts are cheap tuples here; the metadata model is built off the hot path
@@ -195,6 +208,10 @@ class AsyncRecorder(Recorder):
         if nxt is not None:
             torch.cuda.current_stream(buf.device).wait_event(nxt)  # GPU-side wait before reuse
         self._queue.put(("", host, done, batch))
+
+    def _unreserve(self, nbytes: int) -> None:
+        with self._lock:
+            self.host_bytes -= nbytes
 
     def _reserve(self, name: str, nbytes: int) -> bool:
         with self._lock:
