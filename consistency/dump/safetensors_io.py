@@ -78,6 +78,16 @@ def open_regular(path: Path) -> int:
     return fd
 
 
+def read_head(path: Path, n: int = 16) -> bytes:
+    """The first ``n`` bytes of a regular file, opened as :func:`open_regular` opens (never
+    blocks on a FIFO swapped in after a check); InputError for anything else."""
+    fd = open_regular(path)
+    try:
+        return os.pread(fd, n, 0)
+    finally:
+        os.close(fd)
+
+
 def _regular(path: Path, mode: int) -> None:
     if stat.S_ISDIR(mode):
         raise InputError(path, "is a directory, expected a dump file")
