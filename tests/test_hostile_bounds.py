@@ -202,7 +202,7 @@ def _dup_zip(path: Path, n: int) -> Path:
 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            z.writestr(zipfile.ZipInfo("d/data/0"), b"")
+            z.writestr(zipfile.ZipInfo(f"d/data/{n - 1}"), b"")  # the last name again: found after N others
     path.write_bytes(buf.getvalue())
     return path
 
@@ -350,6 +350,16 @@ def test_a_fifo_never_blocks_a_reader(tmp_path):
     t.join(20)
     assert not t.is_alive(), "open_regular blocked on a FIFO"
     assert done and "not a regular file" in str(done[0])
+    # the sniffing opens (first bytes, is it a torch zip) meet the swapped path too: never a hang
+    from consistency.dump.formats import checked_head
+
+    for name, call in (("checked_head", lambda: done.append(checked_head(fifos[2]))),
+                       ("is_torch_zip", lambda: done.append(ptzip.is_torch_zip(fifos[2], b"PK\x03\x04")))):
+        t = threading.Thread(target=call, daemon=True)
+        t.start()
+        t.join(20)
+        assert not t.is_alive(), f"{name} blocked on a FIFO"
+    assert done[1:] == [None, False]
 
 
 @pytest.mark.parametrize("value", ["abc", "0", "-5"])
