@@ -124,6 +124,7 @@ def _sbh(p: Path, key: str, t: Any, fd: int, name: str) -> TensorView:
         out = memory_view(name, v.read_all().reshape(t.shape[0], t.shape[2]), t.dtype, p) if v._array is not None \
             else TensorView(name, t.dtype, (t.shape[0], t.shape[2]), v._storage, fd, v._offset, p)
         return out
+    t.charge(2 * t.numel * t.itemsize, f"{key} (reordered [s, b, h] -> [b*s, h] in memory)")
     arr = t.view(name, fd).read_all().transpose(1, 0, 2).reshape(-1, t.shape[2])
     return memory_view(name, np.ascontiguousarray(arr), t.dtype, p)
 

@@ -184,8 +184,11 @@ def _check_shift(d: Path, files: Sequence[Path], raw: Sequence[tuple[dict, int]]
         mine = passes[k].tensors.get(names.FINAL_NORM)
         if not isinstance(tail, ptzip.PtTensor) or mine is None:
             continue
+        tail.charge(16 * tail.numel, f"{files[k + 1].name}'s 'model' output and pass {k}'s model.norm, in float64")
         a = tail.view("model", raw[k + 1][1]).rows_float(0, 1 << 30, np.float64)
         b = mine.rows_float(0, 1 << 30, np.float64)
+        if tail.budget is not None:
+            tail.budget.release(16 * tail.numel)  # compared and dropped: one pass at a time
         if a.shape != b.shape or not np.array_equal(a, b):
             notes.append(f"{files[k + 1].name}: its 'model' output is not {files[k].name}'s model.norm output; the "
                          "pass-file shift could not be confirmed")
