@@ -370,3 +370,31 @@ def test_performance_knobs_are_validated_at_start_up(knob, value):
     r = run_cli("inspect", "/nonexistent.safetensors", env={knob: value})
     assert r.returncode == 2 and r.stderr.strip().splitlines() == [r.stderr.strip()] and knob in r.stderr, r.stderr
     assert "no such file" not in r.stderr  # refused before any work
+
+
+@pytest.mark.skipif(PRLIMIT is None, reason="prlimit (util-linux) is not installed")
+def test_rank_set_world_size_is_a_claim_checked_against_the_files(tmp_path):
+    """``x.rank{r}-of{w}`` names claim a world: ``-of999999999`` over two files listed every
+    missing rank (a 10^9-entry list); now one line under the memory limit, and the time to
+    refuse a missing rank does not grow with the claimed world (64x claimed, within 8x)."""
+    import numpy as np
+
+    from consistency.dump.ranks import check_set
+    from consistency.dump.writer import write_dump
+
+    d = tmp_path / "set"
+    d.mkdir()
+    for r in range(2):
+        write_dump(d / f"x.rank{r}-of999999999.safetensors", {"hidden.1": np.ones((2, 4), np.float32)})
+    r = _bounded("inspect", str(d / "x.rank*-of999999999.safetensors"))
+    _one_line(r, d / "x.rank0-of999999999.safetensors", "claims a world of 999999999 ranks")
+    with pytest.raises(InputError, match="no such rank"):
+        check_set([Path("x.rank0-of4.safetensors"), Path("x.rank7-of4.safetensors")], allow_missing=True)
+    paths = [Path(f"x.rank{r}-of{{w}}.safetensors") for r in range(2)]
+
+    def refuse(w: int) -> None:
+        with pytest.raises(InputError, match="are missing"):
+            check_set([Path(str(p).format(w=w)) for p in paths])
+
+    ts, tb = _min_time(lambda: refuse(15_000)), _min_time(lambda: refuse(960_000))
+    assert tb < 8 * ts + 0.02, (ts, tb)
