@@ -398,3 +398,28 @@ def test_rank_set_world_size_is_a_claim_checked_against_the_files(tmp_path):
 
     ts, tb = _min_time(lambda: refuse(15_000)), _min_time(lambda: refuse(960_000))
     assert tb < 8 * ts + 0.02, (ts, tb)
+
+
+def test_the_speculators_dataset_beside_a_file_never_blocks(tmp_path):
+    """The loss mask speculators keeps beside ``hs_{i}.safetensors`` is read from the dataset's
+    state.json and Arrow files: one swapped for a FIFO is a note, never a hang (pyarrow opened
+    the path itself, blocking)."""
+    pytest.importorskip("pyarrow")
+    import json
+
+    import numpy as np
+
+    from consistency.dump.formats.speculators import loss_mask_beside
+
+    root = tmp_path / "data"
+    (root / "hidden_states").mkdir(parents=True)
+    (root / "state.json").write_text(json.dumps({"_data_files": [{"filename": "data-00000.arrow"}]}))
+    os.mkfifo(root / "data-00000.arrow")
+    got: list[object] = []
+    t = threading.Thread(target=lambda: got.append(loss_mask_beside(root / "hidden_states" / "hs_0.safetensors",
+                                                                     np.arange(4))), daemon=True)
+    t.start()
+    t.join(20)
+    assert not t.is_alive(), "loss_mask_beside blocked on a FIFO"
+    mask, note = got[0]  # type: ignore[misc]
+    assert mask is None and "could not be read" in note
