@@ -103,6 +103,17 @@ def deep_tuple(path: Path, depth: int) -> Path:
     return _archive(path, b"\x80\x02" + b"(" * depth + b")" + b"t" * depth + b".")
 
 
+def shared_lists(path: Path, levels: int) -> Path:
+    """Level i is a list holding level i-1 twice (two memo gets): 2^levels paths from 3 x levels opcodes."""
+    body = b"\x80\x02]q\x00" + b"".join(b"(h" + bytes([i - 1]) + b"h" + bytes([i - 1]) + b"lq" + bytes([i])
+                                         for i in range(1, levels + 1)) + b"."
+    return _archive(path, body)
+
+
+def self_list(path: Path) -> Path:
+    return _archive(path, b"\x80\x02]q\x00h\x00a.")  # a list that contains itself
+
+
 def _patch_central(path: Path, member: str, field_at: int, fmt: str, value: int) -> Path:
     """Set a field of ``member``'s central-directory record (flags at 8, method at 10, CRC at 16)."""
     data = bytearray(path.read_bytes())
@@ -127,16 +138,20 @@ def _good_pkl() -> bytes:
 def test_pt_allocations_are_charged_to_one_budget_per_file(tmp_path):
     """K latin1 copies of a 32 MiB string (2 GiB unbounded) and 16 stride-0 views of 128 MiB
     (2 GiB, each under the 1 GiB per-view bound) are refused in one line inside 1.4 GiB of
-    address space; a 100,000-deep tuple is one line, not a RecursionError."""
+    address space; a 100,000-deep tuple is one line, not a RecursionError; a list holding the
+    level below twice, 60 levels (2^60 paths), and a list that contains itself are one line,
+    never an endless walk."""
     cases = {
         "strings": (string_bomb(tmp_path / "strings.pt", 32 << 20, 64), "a bytes value of data.pkl"),
         "views": (stride0_views(tmp_path / "views.pt", 16, 32 << 20), "a strided view copied into memory"),
         "deep": (deep_tuple(tmp_path / "deep.pt", 100_000), "nests containers more than 1000 deep"),
+        "shared": (shared_lists(tmp_path / "shared.pt", 60), "share or contain themselves"),
+        "cycle": (self_list(tmp_path / "cycle.pt"), "share or contain themselves"),
     }
     assert cases["strings"][0].stat().st_size < 200_000 and cases["views"][0].stat().st_size < 4000
     for what, (p, words) in cases.items():
         err = _one_line(_bounded("inspect", str(p)), p, words)
-        if what != "deep":
+        if what in ("strings", "views"):
             assert "budget" in err and "CONSISTENCY_MAX_FILE_MEMORY" in err, err
 
 
