@@ -438,3 +438,21 @@ def test_the_speculators_dataset_beside_a_file_never_blocks(tmp_path):
     assert not t.is_alive(), "loss_mask_beside blocked on a FIFO"
     mask, note = got[0]  # type: ignore[misc]
     assert mask is None and "could not be read" in note
+
+
+@pytest.mark.skipif(PRLIMIT is None, reason="prlimit (util-linux) is not installed")
+def test_npz_fortran_members_share_the_files_budget(tmp_path):
+    """Fortran-ordered members are reordered in memory, each under the 1 GiB per-member bound:
+    twelve deflated 128 MiB members (a 2 MB npz) took 1.5 GiB together; the file's budget refuses
+    them in one line under the memory limit, and one such member still reads."""
+    import numpy as np
+
+    zeros = np.zeros((8192, 4096), np.float32, order="F")  # 128 MiB, never touched: calloc'd pages
+    p = tmp_path / "fortran.npz"
+    np.savez_compressed(p, **{f"hidden.{i}": zeros for i in range(12)})
+    assert p.stat().st_size < 3_000_000
+    _one_line(_bounded("inspect", str(p)), p, "Fortran-ordered, reordered in memory")
+    one = tmp_path / "one.npz"
+    np.savez_compressed(one, **{"hidden.1": zeros})
+    r = _bounded("inspect", str(one))
+    assert r.returncode == 0 and "hidden.1" in r.stdout, r.stderr
