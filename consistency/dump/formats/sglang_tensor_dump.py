@@ -258,7 +258,10 @@ def _build(path: Path, root: Path, layout: str, ranks: dict[tuple[int, int], Pat
     if n_layers is None and seen:
         notes.append(f"layers {stock.spans(seen)} dumped (--debug-tensor-dump-layers): N is unknown, so model.norm's "
                      "residual (stream N) is not named")
-    per_rank = {r: _rank_passes(d, archives, tp_size == 1, n_layers, notes) for r, d in sorted(ranks.items())}
+    # one rank directory named TP1_*: the run had TP >= 2 (its o_proj/down_proj outputs are partial sums), whatever
+    # number of directories is present; the claim decides only that, never a loop's or a table's size
+    whole = max(tps) == 0
+    per_rank = {r: _rank_passes(d, archives, whole, n_layers, notes) for r, d in sorted(ranks.items())}
     counts = {len(v) for v in per_rank.values()}
     if len(counts) != 1:
         raise InputError(path, f"ranks wrote different numbers of passes ({sorted(counts)})")
