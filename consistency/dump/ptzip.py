@@ -15,7 +15,10 @@ stride and offset is checked against its storage, and each storage against its m
 A TorchScript archive (``constants.pkl``, ``code/``) is refused outright (``torch.load`` used
 to hand it to ``torch.jit.load`` even with ``weights_only=True``: CVE-2025-32434). Storages
 must be stored, not deflated (torch never compresses them); ``data.pkl`` may be deflated, up to
-:data:`MAX_PICKLE` bytes and :data:`MAX_OPS` opcodes. Works with torch absent."""
+:data:`MAX_PICKLE` bytes and :data:`MAX_OPS` opcodes. Everything the reader allocates for a
+file (the pickle, its objects, each ``_codecs.encode`` copy, each strided view copied into
+memory) is charged to that file's :class:`~consistency.dump.budget.Budget`, and the object
+tree is bounded in depth and paths. Works with torch absent."""
 
 from __future__ import annotations
 

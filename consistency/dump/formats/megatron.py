@@ -185,7 +185,8 @@ def _by_rank(d: Path, fields: dict[Path, tuple[int, ...]], files: list[tuple[Pat
              notes: list[str]) -> dict[tuple[int, int, int], tuple[Path, ptzip.Archive, list]]:
     """(pp, ep, tp) of each file, read as upstream names them: ``mp_rank_{tp:02d}``, then
     ``_{pp:03d}`` only when pipeline-parallel and ``_{ep:03d}`` only when expert-parallel
-    (megatron/training/checkpointing.py, ``save_grads`` and ``get_checkpoint_name``). Two
+    (NVIDIA/Megatron-LM megatron/training/checkpointing.py, megatron-core 0.18.0: ``save_grads``
+    lines 461-489, ``get_checkpoint_name`` lines 197-236). Two
     fields are TP+PP or TP+EP: pipeline stages hold different layers and only the last holds
     ``output_layer``; expert ranks (PP 1) each run the whole model, so every one holds it."""
     counts = {len(f) for f in fields.values()}
