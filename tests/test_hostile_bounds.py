@@ -137,13 +137,15 @@ def _good_pkl() -> bytes:
 def test_pt_allocations_are_charged_to_one_budget_per_file(tmp_path):
     """K latin1 copies of a 32 MiB string (2 GiB unbounded) and 16 stride-0 views of 128 MiB
     (2 GiB, each under the 1 GiB per-view bound) are refused in one line inside 1.4 GiB of
-    address space; a 100,000-deep tuple is one line, not a RecursionError; a list holding the
+    address space; a 100,000-deep tuple (and a 999-deep one, which the unpickler builds but a
+    later recursive walk does not survive) is one line, not a RecursionError; a list holding the
     level below twice, 60 levels (2^60 paths), and a list that contains itself are one line,
     never an endless walk."""
     cases = {
         "strings": (string_bomb(tmp_path / "strings.pt", 32 << 20, 64), "a bytes value of data.pkl"),
         "views": (stride0_views(tmp_path / "views.pt", 16, 32 << 20), "a strided view copied into memory"),
-        "deep": (deep_tuple(tmp_path / "deep.pt", 100_000), "nests containers more than 1000 deep"),
+        "deep": (deep_tuple(tmp_path / "deep.pt", 100_000), "nests containers more than 100 deep"),
+        "deep999": (deep_tuple(tmp_path / "deep999.pt", 999), "nests containers more than 100 deep"),
         "shared": (shared_lists(tmp_path / "shared.pt", 60), "share or contain themselves"),
         "cycle": (self_list(tmp_path / "cycle.pt"), "share or contain themselves"),
     }

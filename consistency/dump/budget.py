@@ -24,6 +24,7 @@ FLOOR = 256 * 1024 * 1024  # what any file may cost: a small file's pickle, a fe
 FACTOR = 4  # bytes of memory per byte of file: a strided copy of every storage, a float widening
 MAX_FILE_MEMORY = 16 * 1024 * 1024 * 1024  # CONSISTENCY_MAX_FILE_MEMORY: the cap for any one file
 OBJECT_BYTES = 64  # charged per pickle opcode: each builds at most one object (an empty list is 56 bytes)
+MAX_DEPTH = 100  # container nesting: a tensor archive nests a few levels; later walks recurse (Python stops near 1000)
 
 
 def limit_for(size: int) -> int:
@@ -62,7 +63,7 @@ class Budget:
         self.used = max(0, self.used - max(0, int(nbytes)))
 
 
-def tree_bounded(p: Path, obj: Any, ops: int, limit: int = 1000) -> None:
+def tree_bounded(p: Path, obj: Any, ops: int, limit: int = MAX_DEPTH) -> None:
     """Refuse an object tree deeper than ``limit`` or with more paths than opcodes (checked
     iteratively, so a later walk, repr or comparison meets neither a RecursionError nor a
     shared list referenced twice per level, 2^n paths from 2n opcodes, nor a cycle)."""
