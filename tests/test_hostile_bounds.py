@@ -293,6 +293,14 @@ def test_megatron_expert_ranks_are_not_pipeline_stages(tmp_path):
         summary = dump.metadata.extra["source_format"]["summary"]
         assert f"EP 2, streams 0..{N}" in summary and "PP" not in summary, summary
         assert dump.metadata.model.num_layers == N
+    # the first of two files holding output_layer and the second not: neither stages nor expert ranks
+    import torch
+
+    obj = torch.load(src, weights_only=True)
+    obj = {c: {k: v for k, v in e.items() if not k.startswith("output_layer")} for c, e in obj.items()}
+    torch.save(obj, d / "mp_rank_00_001.pth")
+    with pytest.raises(InputError, match="fit neither pipeline stages"):
+        open_side(tmp_path / "ep2")
 
 
 SECRET = b"sk-live-7Q2XSECRETTOKEN\x13\x37\xbe\xef-tail"

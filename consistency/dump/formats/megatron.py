@@ -205,7 +205,7 @@ def _by_rank(d: Path, fields: dict[Path, tuple[int, ...]], files: list[tuple[Pat
             second_is_ep = True
             notes.append("mp_rank_TT_EEE names with every file holding output_layer: expert-parallel ranks "
                          "(pipeline size 1), as Megatron's save_grads names them")
-        elif not (has_out[last] and not any(v for x, v in has_out.items() if x != last)) and len(has_out) > 1:
+        elif any(v for x, v in has_out.items() if x != last):  # none holding it: stages without the last one
             raise InputError(d, "mp_rank_TT_NNN names whose output_layer files fit neither pipeline stages (only the "
                              "last stage holds it) nor expert ranks (every rank holds it)")
     out: dict[tuple[int, int, int], tuple[Path, ptzip.Archive, list]] = {}
