@@ -280,7 +280,8 @@ def _build(path: Path, root: Path, layout: str, ranks: dict[tuple[int, int], Pat
     stock.derive_aux(path, tensors, metas, claims, "SGLang", len(passes), notes)
     hidden = next((v.cols for k, v in tensors.items() if names.stream_of(k) is not None), None)
     streams = stock.stream_ids(tensors)
-    summary = (f"SGLang tensor dump, {layout}, TP {tp_size}" + (f", PP {pp_size}" if pp_size > 1 else "")
+    tp_text = f"TP {tp_size}" if whole or tp_size == max(tps) + 1 else f"TP rank(s) {tps} of a TP >= {max(tps) + 1} run"
+    summary = (f"SGLang tensor dump, {layout}, {tp_text}" + (f", PP {pp_size}" if pp_size > 1 else "")
                + f", {len(passes)} passes, streams {stock.spans(streams) or 'none'}")
     meta = DumpMetadata(side="serving", runtime=RuntimeInfo(name="sglang"),
                         model=ModelInfo(num_layers=n_layers, hidden_size=hidden),
