@@ -465,3 +465,22 @@ def test_npz_fortran_members_share_the_files_budget(tmp_path):
     np.savez_compressed(one, **{"hidden.1": zeros})
     r = _bounded("inspect", str(one))
     assert r.returncode == 0 and "hidden.1" in r.stdout, r.stderr
+
+
+def _many_tensors(path: Path, n: int) -> Path:
+    body = b"\x80\x02}(" + b"".join(_u(f"t{i}") + _tensor_op(str(i), 4, (2, 2), (2, 1)) for i in range(n)) + b"u."
+    return _archive(path, body, {str(i): b"\x00" * 16 for i in range(n)}, comp=zipfile.ZIP_STORED)
+
+
+def test_opening_an_archive_grows_linearly_in_its_tensors(tmp_path):
+    """Members, storages, persistent ids, the opcode scan and the tree walk of an archive of N
+    and 8N tensors (each its own storage member): within a linear factor (min of 3 timings)."""
+    small, big = _many_tensors(tmp_path / "s.pt", 500), _many_tensors(tmp_path / "b.pt", 4000)
+
+    def read(p: Path, n: int) -> None:
+        a = ptzip.open_archive(p)
+        assert a.tensors == n
+        a.close()
+
+    ts, tb = _min_time(lambda: read(small, 500)), _min_time(lambda: read(big, 4000))
+    assert tb < 24 * ts + 0.05, (ts, tb)
