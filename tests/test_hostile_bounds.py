@@ -157,11 +157,11 @@ def test_pt_allocations_are_charged_to_one_budget_per_file(tmp_path):
 
 
 def test_budget_is_sized_from_the_file_and_the_cap(tmp_path, monkeypatch):
-    """The same views fit a raised cap's budget no better than the file's size allows: the
-    budget is min(cap, 256 MiB + 4 x size), so a cap of 1 MiB refuses even a small view."""
-    from consistency.dump.budget import FACTOR, FLOOR, limit_for
+    """The budget is min(16 GiB, 256 MiB + 4 x size); CONSISTENCY_MAX_FILE_MEMORY, when set, is
+    every file's budget: 1 MiB refuses even a small view, 64 GiB reads what the default refuses."""
+    from consistency.dump.budget import FACTOR, FLOOR, MAX_FILE_MEMORY, limit_for
 
-    assert limit_for(1000) == FLOOR + FACTOR * 1000
+    assert limit_for(1000) == FLOOR + FACTOR * 1000 and limit_for(10 ** 10) == MAX_FILE_MEMORY
     monkeypatch.setenv("CONSISTENCY_MAX_FILE_MEMORY", str(1 << 20))
     assert limit_for(10 ** 9) == 1 << 20
     p = stride0_views(tmp_path / "small.pt", 1, 1 << 19)  # 2 MiB: within the floor, over a 1 MiB cap
@@ -172,6 +172,15 @@ def test_budget_is_sized_from_the_file_and_the_cap(tmp_path, monkeypatch):
     monkeypatch.delenv("CONSISTENCY_MAX_FILE_MEMORY")
     a = ptzip.open_archive(p)  # the default budget reads it, views and all
     assert a.obj["v0"].view("v0", a.fd).read_all().sum() == 1 << 19
+    a.close()
+    big = stride0_views(tmp_path / "big.pt", 3, 1 << 25)  # three 128 MiB views: past the default budget
+    a = ptzip.open_archive(big)
+    with pytest.raises(InputError, match="budget"):
+        [a.obj[f"v{i}"].view(f"v{i}", a.fd) for i in range(3)]
+    a.close()
+    monkeypatch.setenv("CONSISTENCY_MAX_FILE_MEMORY", str(1 << 36))  # the user's word for a genuine file
+    a = ptzip.open_archive(big)
+    assert [a.obj[f"v{i}"].view(f"v{i}", a.fd).shape for i in range(3)] == [(1 << 25,)] * 3
     a.close()
 
 

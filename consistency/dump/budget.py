@@ -6,13 +6,15 @@ copies of one 250 MB string, stays under every per-value bound and still takes g
 So every allocation a reader makes for a file (the inflated pickle, the objects its opcodes
 build, each ``_codecs.encode`` copy, each strided view copied into memory, a tensor read
 whole) is charged to that file's :class:`Budget`, sized from the file's own size:
-``FLOOR + FACTOR x file size``, never more than ``CONSISTENCY_MAX_FILE_MEMORY``. A file
-whose reading would pass it is refused in one line naming the file, the allocation and the
-budget. A file cannot make its reader hold more than a small multiple of what it weighs.
+``FLOOR + FACTOR x file size``, never more than 16 GiB. A file whose reading would pass it
+is refused in one line naming the file, the allocation and the budget, so a file cannot make
+its reader hold more than a small multiple of what it weighs. ``CONSISTENCY_MAX_FILE_MEMORY``,
+when set, is every file's budget instead (raised for a genuine file that needs more).
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,14 +24,18 @@ from consistency.errors import InputError
 
 FLOOR = 256 * 1024 * 1024  # what any file may cost: a small file's pickle, a few views of its storages
 FACTOR = 4  # bytes of memory per byte of file: a strided copy of every storage, a float widening
-MAX_FILE_MEMORY = 16 * 1024 * 1024 * 1024  # CONSISTENCY_MAX_FILE_MEMORY: the cap for any one file
+MAX_FILE_MEMORY = 16 * 1024 * 1024 * 1024  # the cap for any one file; CONSISTENCY_MAX_FILE_MEMORY replaces the budget
 OBJECT_BYTES = 64  # charged per pickle opcode: each builds at most one object (an empty list is 56 bytes)
 MAX_DEPTH = 100  # container nesting: a tensor archive nests a few levels; later walks recurse (Python stops near 1000)
 
 
 def limit_for(size: int) -> int:
-    """The budget of a file of ``size`` bytes."""
-    return min(env_limit("MAX_FILE_MEMORY", MAX_FILE_MEMORY), FLOOR + FACTOR * max(0, size))
+    """The budget of a file of ``size`` bytes: ``FLOOR + FACTOR x size``, at most
+    :data:`MAX_FILE_MEMORY`; ``CONSISTENCY_MAX_FILE_MEMORY``, when set, is every file's budget
+    (raise it for a genuine file that needs more, lower it for a small job)."""
+    if os.environ.get("CONSISTENCY_MAX_FILE_MEMORY", "").strip():
+        return env_limit("MAX_FILE_MEMORY", MAX_FILE_MEMORY)
+    return min(MAX_FILE_MEMORY, FLOOR + FACTOR * max(0, size))
 
 
 @dataclass
@@ -55,7 +61,7 @@ class Budget:
         if self.used + nbytes > self.limit:
             raise InputError(self.path, f"refused: {what} needs {nbytes} bytes in memory, past this {self.size}-byte "
                              f"file's budget of {self.limit} bytes ({self.used} already used; {FLOOR >> 20} MiB + "
-                             f"{FACTOR} x the file size, at most CONSISTENCY_MAX_FILE_MEMORY)")
+                             f"{FACTOR} x the file size, at most 16 GiB; CONSISTENCY_MAX_FILE_MEMORY sets it)")
         self.used += nbytes
 
     def release(self, nbytes: int) -> None:
