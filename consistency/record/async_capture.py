@@ -99,6 +99,8 @@ class AsyncRecorder(Recorder):
                 if self.counts.get(name, 0) == kept:  # refused: what it reserved goes back to later captures
                     self._unreserve(nbytes)
             return
+        import torch
+
         check_name(name)
         meta = self.parse_meta(meta)
         if _torch_dtype(tensor) not in dtypes.BY_NAME or tensor.dim() > safetensors_io.MAX_RANK:
@@ -113,17 +115,6 @@ class AsyncRecorder(Recorder):
         nbytes = sel.numel() * sel.element_size()
         if not self._reserve(name, nbytes):
             return
-        try:
-            self._copy_out(name, key, tensor, sel, nbytes, producer, meta)
-        except BaseException:  # refused (capture() says why): its reservation and layout go back
-            self._unreserve(nbytes)
-            self._layouts.pop(key, None)
-            raise
-
-    def _copy_out(self, name: str, key: str, tensor: Any, sel: Any, nbytes: int, producer: str | None,
-                  meta: dict[str, Any]) -> None:
-        import torch
-
         if self._ring is None:
             self.prepare(sel.device)
         # layout facts are cheap tuples here; the metadata model is built off the hot path
