@@ -105,7 +105,7 @@ def test_a_note_that_starts_like_a_text_report_is_data(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("content,needle", [(b"hello world, a text file\n", "it starts with text, not"),
-                                            (b"\x00\x01\x02\x03\x04\x05\x06\x07\x08\x09", "starts with bytes 00 01 02"),
+                                            (b"\x00\x01\x02\x03\x04\x05\x06\x07\x08\x09", "starts with binary data"),
                                             (b"%PDF-1.7\n%\xe2\xe3\xcf\xd3\n", "starts with PDF data")])
 def test_a_file_that_is_not_a_dump_is_named_for_what_it_starts_with(tmp_path: Path, content: bytes,
                                                                      needle: str) -> None:

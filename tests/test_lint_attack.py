@@ -93,7 +93,7 @@ def test_random_bytes_named_safetensors_are_not_called_text(tmp_path: Path) -> N
     p.write_bytes(bytes([0xB0, 0x78, 0xB0, 0xB8, 0x20, 0xBD, 0xD8, 0x9F]) + bytes(range(200, 255)))
     with pytest.raises(InputError) as e:
         read_header(p)
-    assert "bytes b0 78" in str(e.value) and "text" not in str(e.value), str(e.value)
+    assert "binary data" in str(e.value) and "b0 78" not in str(e.value) and "text" not in str(e.value), str(e.value)
 
 
 def test_a_stamp_that_narrows_nothing_is_not_said_to_choose_the_reading(tmp_path: Path) -> None:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import os
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
@@ -27,10 +26,11 @@ from typing import Union
 import numpy as np
 
 from consistency.compare import stream
+from consistency.contract.bounds import knob
 from consistency.dump import names
 from consistency.dump.reader import TensorView
 
-DEFAULT_BUDGET = int(os.environ.get("CONSISTENCY_SAMPLE_MB", "192")) * 1024 * 1024
+DEFAULT_BUDGET = knob("SAMPLE_MB") * 1024 * 1024
 MEMO_BYTES = 64 * 1024 * 1024  # distance rows kept per Fingerprints (each row is 8 bytes x tensors)
 MAX_SAMPLE = 256
 MIN_SAMPLE = 16

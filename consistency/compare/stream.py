@@ -19,12 +19,13 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import numpy as np
 
 from consistency.compare.metrics import PairAccumulator, PairMetrics, Scratch, block_rows
+from consistency.contract.bounds import knob
 from consistency.dump.reader import TensorView
 
 if TYPE_CHECKING:
     from concurrent.futures import ThreadPoolExecutor
 
-CHUNK_BYTES = int(os.environ.get("CONSISTENCY_CHUNK_MB", "64")) * 1024 * 1024
+CHUNK_BYTES = knob("CHUNK_MB") * 1024 * 1024
 SMALL_BYTES = 4 * 1024 * 1024
 Progress = Callable[[int], None]
 T = TypeVar("T")

@@ -32,12 +32,25 @@ def env_limit(name: str, default: int, environ: Any = None) -> int:
 # any work, not a surprise in the middle of a run (or never noticed: a typo is otherwise ignored)
 KNOWN_BOUNDS = ("HEADER_BYTES", "MEMBER_BYTES", "INFLATE_BYTES", "META_BYTES", "JSON_DEPTH", "FORTRAN_BYTES",
                 "CONTRACT_BYTES", "GUNZIP_BYTES", "TOKENIZER_BYTES", "CRC_BYTES", "PICKLE_BYTES", "VIEW_BYTES",
-                "ROWS", "PICKLE_OPS")
+                "ROWS", "PICKLE_OPS", "FILE_MEMORY")
+
+# performance knobs (CONSISTENCY_<NAME>, a positive integer) -> default: validated at start-up
+# like the bounds, so `abc`, 0 or -5 is one line before any work, never a ValueError at import
+# or a zero-byte chunk that loops forever
+KNOBS = {"CHUNK_MB": 64, "SAMPLE_MB": 192}
+
+
+def knob(name: str, default: int | None = None, environ: Any = None) -> int:
+    """A performance knob's value (``CONSISTENCY_<NAME>``), its default when unset."""
+    return env_limit(name, KNOBS[name] if default is None else default, environ)
 
 
 def check_bound_overrides(environ: Any = None) -> None:
-    """Validate every ``CONSISTENCY_MAX_*`` variable set: a known name, a positive integer."""
+    """Validate every ``CONSISTENCY_MAX_*`` variable and every performance knob set: a known
+    name, a positive integer."""
     env = os.environ if environ is None else environ
+    for name, default in KNOBS.items():
+        env_limit(name, default, env)
     for key in sorted(k for k in env if k.startswith("CONSISTENCY_MAX_")):
         name = key[len("CONSISTENCY_MAX_"):]
         if name not in KNOWN_BOUNDS:

@@ -265,7 +265,8 @@ def _appended(ids: list[int], n: int | None, convention: str | None, slots: int 
 
 def dropped(d: Any, side: str) -> list[Finding]:
     """CAPTURES_DROPPED when a dump's metadata says its recorder left captures out (a full
-    host ring, a graph-buffer budget, a host value inside a CUDA graph): those rows were not
+    host ring, a graph-buffer budget, a host value inside a CUDA graph, a capture it refused:
+    ``extra.refused_captures``): those rows were not
     compared, so the verdict can never pass on them. Read defensively (a hostile file)."""
     from consistency.contract.findings import Finding
     from consistency.dump.sets import member_metadata

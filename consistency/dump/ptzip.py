@@ -15,7 +15,10 @@ stride and offset is checked against its storage, and each storage against its m
 A TorchScript archive (``constants.pkl``, ``code/``) is refused outright (``torch.load`` used
 to hand it to ``torch.jit.load`` even with ``weights_only=True``: CVE-2025-32434). Storages
 must be stored, not deflated (torch never compresses them); ``data.pkl`` may be deflated, up to
-:data:`MAX_PICKLE` bytes and :data:`MAX_OPS` opcodes. Works with torch absent."""
+:data:`MAX_PICKLE` bytes and :data:`MAX_OPS` opcodes. Everything the reader allocates for a
+file (the pickle, its objects, each ``_codecs.encode`` copy, each strided view copied into
+memory) is charged to that file's :class:`~consistency.dump.budget.Budget`, and the object
+tree is bounded in depth and paths. Works with torch absent."""
 
 from __future__ import annotations
 
@@ -33,16 +36,16 @@ from typing import Any
 import numpy as np
 
 from consistency.contract.io import env_limit
-from consistency.dump import dtypes
+from consistency.dump import dtypes, zipmembers
+from consistency.dump.budget import OBJECT_BYTES, Budget, tree_bounded
 from consistency.dump.reader import TensorView
+from consistency.dump.zipmembers import MAX_MEMBERS, ZIP_MAGIC
 from consistency.errors import InputError
 
 MAX_PICKLE = 256 * 1024 * 1024  # CONSISTENCY_MAX_PICKLE_BYTES: data.pkl of a dump is kilobytes
-MAX_MEMBERS = 1_000_000
 MAX_OPS = 10_000_000  # CONSISTENCY_MAX_PICKLE_OPS: 100,000 tensors take ~3M; each opcode builds at most one object
 MAX_DIMS = 64
 MAX_IN_MEMORY = 1 << 30  # CONSISTENCY_MAX_VIEW_BYTES: non-contiguous views are copied into memory
-ZIP_MAGIC = b"PK\x03\x04"
 
 # torch.<Name>Storage (legacy typed storages: numel counts elements)
 STORAGE_DTYPES = {
@@ -92,6 +95,7 @@ class PtTensor(_Inert):
     storage: Storage
     offset: int  # in elements
     path: Path = field(repr=False, default=Path("."))
+    budget: Budget | None = field(repr=False, default=None, compare=False)
 
     @property
     def itemsize(self) -> int:
@@ -121,16 +125,29 @@ class PtTensor(_Inert):
         if nbytes > limit:
             raise InputError(self.path, f"{name} is a strided view of {nbytes} bytes, over the {limit}-byte bound for "
                              "copying it in memory (CONSISTENCY_MAX_VIEW_BYTES)")
+        self.charge(nbytes, f"{name} (a strided view copied into memory)")
+        self.charge(self.storage.nbytes, f"the storage of {name}")  # transient: released below
         raw = _pread_all(fd, self.storage.offset, self.storage.nbytes, self.path, name)
         base = np.frombuffer(raw, dtype=st)
         arr = np.lib.stride_tricks.as_strided(base[self.offset:], shape=self.shape,
                                               strides=tuple(s * st.itemsize for s in self.stride), writeable=False)
         arr = np.ascontiguousarray(arr)
+        del raw, base
+        if self.budget is not None:
+            self.budget.release(self.storage.nbytes)
         return TensorView(name, self.dtype, self.shape, st, None, 0, self.path, array=arr)
 
-    def read(self, fd: int) -> np.ndarray:
-        """The whole tensor (callers bound the size: ids, positions, small metadata tensors)."""
-        return self.view("tensor", fd).read_all()
+    def charge(self, nbytes: int, what: str) -> None:
+        """Account memory taken for this tensor against its file's budget (:mod:`consistency.dump.budget`)."""
+        if self.budget is not None:
+            self.budget.charge(nbytes, what)
+
+    def read(self, fd: int, what: str = "tensor") -> np.ndarray:
+        """The whole tensor in memory, charged to the file's budget."""
+        v = self.view(what, fd)
+        if v._array is None:
+            self.charge(self.numel * self.itemsize, f"{what} (read whole)")
+        return v.read_all()
 
 
 def _pread_all(fd: int, offset: int, n: int, path: Path, what: str) -> bytes:
@@ -164,10 +181,17 @@ def is_torch_zip(path: Path, head: bytes) -> bool:
     """A zip whose members sit under one root directory holding ``data.pkl`` (read cheaply)."""
     if not head.startswith(ZIP_MAGIC):
         return False
+    from consistency.dump.safetensors_io import open_regular
+
     try:
-        with zipfile.ZipFile(path) as z:
+        fd = open_regular(path)  # never blocks: a FIFO swapped in after the head was read is refused
+    except InputError:
+        return False
+    try:
+        with os.fdopen(fd, "rb") as fh, zipfile.ZipFile(fh) as z:
             return any(n.count("/") == 1 and n.endswith("/data.pkl") for n in z.namelist()[:MAX_MEMBERS])
-    except (zipfile.BadZipFile, OSError, ValueError, EOFError):
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError, NotImplementedError, RuntimeError, struct.error,
+            UnicodeDecodeError):
         return False
 
 
@@ -179,23 +203,21 @@ def open_archive(path: str | Path) -> Archive:
     fd = open_regular(p)
     try:
         size = os.fstat(fd).st_size
+        budget = Budget.of(p, size)
         with os.fdopen(os.dup(fd), "rb") as fh:
             head = fh.read(4)
             if not head.startswith(ZIP_MAGIC):
                 raise InputError(p, _not_zip(head))
             fh.seek(0)
-            try:
-                z = zipfile.ZipFile(fh)
-            except (zipfile.BadZipFile, ValueError, EOFError, OSError) as exc:
-                raise InputError(p, f"corrupt zip archive ({exc})") from None
-            with z:
-                root, members = _members(p, z)
-                storages = _storages(p, z, fh, root, members, size)
-                data = _pickle_bytes(p, z, members[f"{root}/data.pkl"])
-        _scan(p, data)
-        un = _Unpickler(p, io.BytesIO(data), storages)
+            with zipmembers.open_zip(p, fh) as z:
+                root, members = _members(p, z, budget)
+                storages = zipmembers.storages(p, fh, root, members, size)
+                data = _pickle_bytes(p, z, members[f"{root}/data.pkl"], budget)
+        ops = _scan(p, data, budget)
+        un = _Unpickler(p, io.BytesIO(data), storages, budget)
         try:
             obj = un.load()
+            tree_bounded(p, obj, ops)
         except InputError:
             raise
         except RecursionError:
@@ -214,77 +236,40 @@ def _not_zip(head: bytes) -> str:
     if head[:1] == b"\x80":
         return ("a raw pickle stream (legacy torch.save, _use_new_zipfile_serialization=False): refused, it cannot be "
                 "read without running pickle; re-save it with a torch.save default")
-    return f"not a torch.save zip archive (starts with {head!r}, not PK)"
+    return "not a torch.save zip archive (its first bytes are not a zip's PK signature)"  # never its bytes
 
 
-def _members(p: Path, z: zipfile.ZipFile) -> tuple[str, dict[str, zipfile.ZipInfo]]:
-    infos = z.infolist()
-    if len(infos) > MAX_MEMBERS:
-        raise InputError(p, f"holds {len(infos)} zip members, over the {MAX_MEMBERS} bound")
-    members = {i.filename: i for i in infos}
-    if len(members) != len(infos):
-        names = [i.filename for i in infos]
-        dup = next(n for n in names if names.count(n) > 1)
-        raise InputError(p, f"zip member {dup!r} appears twice: refused (readers disagree on which copy is the "
-                         "archive's; torch.save never writes a name twice)")
+def _members(p: Path, z: zipfile.ZipFile, budget: Budget) -> tuple[str, dict[str, zipfile.ZipInfo]]:
+    members = zipmembers.member_names(p, z, budget)
     roots = {n.split("/", 1)[0] for n in members}
     pkls = [n for n in members if n.count("/") == 1 and n.endswith("/data.pkl")]
     script = [n for n in members if n.endswith("constants.pkl") or "/code/" in n]
     if script:
-        raise InputError(p, f"a TorchScript archive ({script[0]}): refused, loading it would run its code "
+        raise InputError(p, f"a TorchScript archive ({script[0][:120]}): refused, loading it would run its code "
                          "(torch.jit.load; CVE-2025-32434)")
     if len(pkls) != 1 or len(roots) != 1:
         raise InputError(p, "not a torch.save archive: expected one <root>/data.pkl under a single root directory "
                          f"(found {len(pkls)} data.pkl, {len(roots)} roots)")
     root = pkls[0].split("/", 1)[0]
-    order = members.get(f"{root}/byteorder")
-    with (z.open(order) if order is not None else io.BytesIO(b"little")) as f:
-        got = f.read(17)
-    if got != b"little":  # torch.load itself refuses anything but "little" / "big"
-        raise InputError(p, f"byteorder {got[:16]!r}: refused (little-endian storages only; a big-endian archive)")
+    zipmembers.byteorder_ok(p, z, members, root)
     return root, members
 
 
-def _storages(p: Path, z: zipfile.ZipFile, fh: Any, root: str, members: dict[str, zipfile.ZipInfo],
-              size: int) -> dict[str, tuple[int, int, int]]:
-    """key -> (data offset in the file, stored bytes, compression); offsets read from local headers."""
-    out: dict[str, tuple[int, int, int]] = {}
-    prefix = f"{root}/data/"
-    for name, info in members.items():
-        if not name.startswith(prefix) or name.endswith("/"):
-            continue
-        key = name[len(prefix):]
-        if info.compress_type != zipfile.ZIP_STORED:
-            raise InputError(p, f"storage member {name} is compressed: refused (torch.save never compresses "
-                             "storages; a deflated one can inflate without bound)")
-        fh.seek(info.header_offset)
-        local = fh.read(30)
-        if len(local) != 30 or local[:4] != ZIP_MAGIC:
-            raise InputError(p, f"corrupt zip: bad local header for {name}")
-        n_name, n_extra = struct.unpack("<HH", local[26:30])
-        begin = info.header_offset + 30 + n_name + n_extra
-        if info.file_size != info.compress_size or begin + info.file_size > size:
-            raise InputError(p, f"storage member {name} claims {info.file_size} bytes past the end of the file "
-                             f"({size} bytes): truncated or lying sizes")
-        out[key] = (begin, info.file_size, info.compress_type)
-    return out
-
-
-def _pickle_bytes(p: Path, z: zipfile.ZipFile, info: zipfile.ZipInfo) -> bytes:
+def _pickle_bytes(p: Path, z: zipfile.ZipFile, info: zipfile.ZipInfo, budget: Budget) -> bytes:
     limit = env_limit("MAX_PICKLE_BYTES", MAX_PICKLE)
     if info.file_size > limit:
         raise InputError(p, f"data.pkl is {info.file_size} bytes, over the {limit} bound (CONSISTENCY_MAX_PICKLE_BYTES)")
-    try:
-        with z.open(info) as f:
-            data = f.read(limit + 1)
-    except (zipfile.BadZipFile, OSError, EOFError, ValueError, NotImplementedError) as exc:
-        raise InputError(p, f"corrupt data.pkl ({exc})") from None
+    budget.charge(info.file_size, "data.pkl (inflated)")
+    limit = min(limit, budget.limit - budget.used + info.file_size)  # a lying size inflates no further than the budget
+    data = zipmembers.read_member(p, z, info, limit, "data.pkl")
     if len(data) > limit:
-        raise InputError(p, f"data.pkl inflates past {limit} bytes: refused (zip bomb)")
+        raise InputError(p, f"data.pkl inflates past {limit} bytes: refused (zip bomb; its declared size was "
+                         f"{info.file_size})")
+    budget.charge(len(data) - info.file_size, "data.pkl (inflated past its declared size)")
     return data
 
 
-def _scan(p: Path, data: bytes) -> None:
+def _scan(p: Path, data: bytes, budget: Budget) -> int:
     """Bound what the unpickler builds before it runs: one opcode, one object (``]``: ~80 bytes,
     so a kilobyte of deflated ``]`` is gigabytes); a memo index is an array size (``LONG_BINPUT
     2**31``: 16 GiB). Opcodes are counted (:data:`MAX_OPS`) and a memo index may not exceed
@@ -292,6 +277,7 @@ def _scan(p: Path, data: bytes) -> None:
     import pickletools
 
     limit = env_limit("MAX_PICKLE_OPS", MAX_OPS)
+    n = 0
     try:
         for n, (op, arg, _pos) in enumerate(pickletools.genops(data)):
             if n >= limit:
@@ -302,14 +288,17 @@ def _scan(p: Path, data: bytes) -> None:
                                  "its memo from 0)")
     except (ValueError, TypeError, EOFError, UnicodeDecodeError) as exc:
         raise InputError(p, f"refused: data.pkl is not a well-formed pickle ({str(exc)[:160]})") from None
+    budget.charge(n * OBJECT_BYTES, f"the objects of data.pkl's {n} opcodes")
+    return n
 
 
 class _Unpickler(pickle.Unpickler):
     """Only tensor rebuilds, storages, dtypes and plain containers; everything else is refused."""
 
-    def __init__(self, path: Path, fh: io.BytesIO, storages: dict[str, tuple[int, int, int]]) -> None:
+    def __init__(self, path: Path, fh: io.BytesIO, storages: dict[str, tuple[int, int, int]], budget: Budget) -> None:
         super().__init__(fh)
         self.path = path
+        self.budget = budget
         self.members = storages
         self.seen: dict[str, Storage] = {}
         self.tensors = 0
@@ -326,7 +315,7 @@ class _Unpickler(pickle.Unpickler):
         if module == "collections" and name == "OrderedDict":
             return OrderedDict
         if module == "_codecs" and name == "encode":
-            return _latin1  # how protocol 2 pickles bytes (torch.save's default protocol)
+            return self._latin1  # how protocol 2 pickles bytes (torch.save's default protocol)
         if module == "torch" and (name.endswith("Storage") or name.startswith(("complex", "qint", "quint", "float4"))):
             raise InputError(self.path, f"refused: torch.{name} tensors are not read (dtypes read: "
                              f"{', '.join(dtypes.BY_NAME)})")
@@ -383,14 +372,15 @@ class _Unpickler(pickle.Unpickler):
                              f"offset {offset} reaches element {last} of a {capacity}-element storage "
                              f"{storage.key!r} (out of bounds)")
         self.tensors += 1
-        return PtTensor(dtype, shape, strides, storage, offset, self.path)
+        return PtTensor(dtype, shape, strides, storage, offset, self.path, self.budget)
 
-
-def _latin1(text: Any, encoding: Any = "latin1") -> bytes:
-    """``_codecs.encode(str, 'latin1')``: protocol 2's spelling of a bytes value, and nothing else."""
-    if not isinstance(text, str) or encoding not in ("latin1", "latin-1"):
-        raise pickle.UnpicklingError("_codecs.encode other than a latin1 bytes value")
-    return text.encode("latin1")
+    def _latin1(self, text: Any, encoding: Any = "latin1") -> bytes:
+        """``_codecs.encode(str, 'latin1')``: protocol 2's spelling of a bytes value, and nothing
+        else; each call is a new copy, charged (one string, encoded K times, is K copies)."""
+        if not isinstance(text, str) or encoding not in ("latin1", "latin-1"):
+            raise pickle.UnpicklingError("_codecs.encode other than a latin1 bytes value")
+        self.budget.charge(len(text) + 33, "a bytes value of data.pkl (_codecs.encode)")
+        return text.encode("latin1")
 
 
 def _ints(path: Path, value: Any, what: str) -> tuple[int, ...]:

@@ -12,6 +12,7 @@ The combined views read rows from every rank lazily, so memory stays per chunk.
 from __future__ import annotations
 
 import glob
+import itertools
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -26,6 +27,7 @@ from consistency.dump.reader import Dump, TensorView
 from consistency.errors import InputError
 
 RANK_RE = re.compile(r"^(?P<stem>.+)\.rank(?P<rank>\d+)-of(?P<world>\d+)(?P<suffix>\.[A-Za-z0-9]+)$")
+MAX_WORLD = 1 << 20  # ranks a set's names may claim: stage sets list the missing ones (a finding, up to this many)
 REPLICA_ROWS = 256  # rows compared across ranks per replicated tensor (sampled, evenly spaced)
 
 
@@ -169,11 +171,20 @@ def check_set(paths: Sequence[Path], allow_missing: bool = False) -> tuple[int, 
     if len(worlds) != 1:
         raise InputError(paths[0], f"rank files disagree on the world size: {sorted(worlds)}")
     world = worlds.pop()
-    missing = [r for r in range(world) if r not in by_rank]
-    if missing and not allow_missing:
+    # the world size is the names' claim: checked against the files present before anything is built to its size
+    if world > MAX_WORLD:
+        raise InputError(paths[0], f"its name claims a world of {world} ranks, over the {MAX_WORLD} bound "
+                         f"({len(by_rank)} rank file(s) present)")
+    outside = sorted(r for r in by_rank if r >= world)
+    if outside:
+        raise InputError(by_rank[outside[0]], f"rank {outside[0]} of a world of {world}: no such rank")
+    if len(by_rank) < world and not allow_missing:
+        first = list(itertools.islice((r for r in range(world) if r not in by_rank), 64))  # found within len + 64 steps
+        more = world - len(by_rank) - len(first)
         dirs = sorted({str(p.parent) for p in paths})
         where = f" (found {len(by_rank)} in {', '.join(dirs[:4])}{', ...' if len(dirs) > 4 else ''})"
-        raise InputError(paths[0], f"rank files for ranks {_ranges(missing)} of {world} are missing{where}")
+        raise InputError(paths[0], f"rank files for ranks {_ranges(first)}{f' and {more} more' if more else ''} of "
+                         f"{world} are missing{where}")
     return world, by_rank
 
 

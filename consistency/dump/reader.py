@@ -197,11 +197,14 @@ class Dump:
             self.metadata = parse_metadata(self.path, text)
 
     def _open_npz(self, fd: int) -> None:
+        from consistency.dump.budget import Budget
+
         members, meta_json = npz_io.scan(self.path, fd)
+        budget = Budget.of(self.path, os.fstat(fd).st_size)  # what reordering members in memory may take together
         for name, m in members.items():
             dt = dtypes.from_numpy(m.dtype).name
             if m.fortran:
-                self.tensors[name] = self._fortran_member(m, dt)
+                self.tensors[name] = self._fortran_member(m, dt, budget)
             elif m.data_offset is not None:
                 self.tensors[name] = TensorView(name, dt, m.shape, m.dtype, fd, m.data_offset, self.path)
             else:
@@ -211,17 +214,20 @@ class Dump:
         if meta_json is not None:
             self.metadata = parse_metadata(self.path, meta_json)
 
-    def _fortran_member(self, m: npz_io.Member, dt: str) -> TensorView:
+    def _fortran_member(self, m: npz_io.Member, dt: str, budget: Any) -> TensorView:
         nbytes = math.prod(m.shape) * m.dtype.itemsize
         limit = env_limit("MAX_FORTRAN_BYTES", MAX_IN_MEMORY_FORTRAN)
         if nbytes > limit:
             raise InputError(self.path, f"member {m.name!r} is Fortran-ordered and {nbytes} bytes, over the "
                              f"{limit}-byte bound for reordering in memory (CONSISTENCY_MAX_FORTRAN_BYTES)")
+        budget.charge(2 * nbytes, f"member {m.name[:80]!r} (Fortran-ordered, reordered in memory)")  # read + copy
         data = npz_io.read_member(self.path, m)
         if len(data) != nbytes:
             raise InputError(self.path, f"truncated member {m.name!r}")
         arr = np.frombuffer(data, dtype=m.dtype).reshape(m.shape[::-1]).T
         arr = np.ascontiguousarray(arr)
+        del data
+        budget.release(nbytes)  # the bytes read are dropped; the reordered copy stays
         return TensorView(m.name, dt, m.shape, m.dtype, None, 0, self.path, array=arr)
 
     def _apply_metadata_dtypes(self) -> None:

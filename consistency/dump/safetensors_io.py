@@ -78,6 +78,16 @@ def open_regular(path: Path) -> int:
     return fd
 
 
+def read_head(path: Path, n: int = 16) -> bytes:
+    """The first ``n`` bytes of a regular file, opened as :func:`open_regular` opens (never
+    blocks on a FIFO swapped in after a check); InputError for anything else."""
+    fd = open_regular(path)
+    try:
+        return os.pread(fd, n, 0)
+    finally:
+        os.close(fd)
+
+
 def _regular(path: Path, mode: int) -> None:
     if stat.S_ISDIR(mode):
         raise InputError(path, "is a directory, expected a dump file")
@@ -101,7 +111,7 @@ def _describe(head: bytes) -> str:
         text = head[:exc.start].decode("utf-8") if exc.reason == "unexpected end of data" else "\x00"
     if text and all(c.isprintable() or c in "\t\r\n" for c in text):
         return "text" + (" (JSON)" if text.lstrip().startswith(("{", "[")) else "")  # never echoed: it may be a secret
-    return "bytes " + head[:8].hex(" ")
+    return "binary data"  # never its bytes: a committed symlink may point at a secret
 
 
 def parse_header(path: Path, fd: int) -> Header:

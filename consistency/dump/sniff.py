@@ -50,7 +50,7 @@ def looks_like(head: bytes, name: str = "") -> str:
             return "text" + (" (JSON)" if text.lstrip().startswith(("{", "[")) else "")
     except UnicodeDecodeError:
         pass
-    return f"unrecognised bytes ({head[:8].hex(' ')})"
+    return "unrecognised bytes (binary data, never shown: it may be a secret)"
 
 
 def read_names() -> str:

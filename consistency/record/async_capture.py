@@ -102,8 +102,12 @@ class AsyncRecorder(Recorder):
             tensor = self._select(tensor[:, None])[:, 0]  # the kept tokens' ids/positions, in the same order
         if not hasattr(tensor, "is_cuda") or not tensor.is_cuda:
             sel = self._select(tensor) if hasattr(tensor, "dim") else tensor
-            if self._reserve(name, sel.numel() * sel.element_size() if hasattr(sel, "numel") else sel.nbytes):
-                super().capture(name, sel, producer, **meta)
+            nbytes = sel.numel() * sel.element_size() if hasattr(sel, "numel") else sel.nbytes
+            if self._reserve(name, nbytes):
+                kept = self.counts.get(name, 0)
+                super().capture(name, sel, producer, **meta)  # refuses (never raises) what a dump cannot hold
+                if self.counts.get(name, 0) == kept:  # refused: what it reserved goes back to later captures
+                    self._unreserve(nbytes)
             return
         import torch
 
@@ -189,6 +193,10 @@ class AsyncRecorder(Recorder):
             return
         done = self._staging.send(buf, used, host, self._stream)
         self._queue.put(("", host, done, batch))
+
+    def _unreserve(self, nbytes: int) -> None:
+        with self._lock:
+            self.host_bytes -= nbytes
 
     def _reserve(self, name: str, nbytes: int) -> bool:
         with self._lock:

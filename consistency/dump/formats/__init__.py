@@ -119,11 +119,12 @@ def check_content(path: Path, head: bytes) -> None:
 def checked_head(path: Path) -> bytes | None:
     """The first 16 bytes of ``path`` (None when it cannot be read), after the content check
     that refuses a file whose content contradicts its name (:func:`check_content`)."""
+    from consistency.dump.safetensors_io import read_head
+
     try:
-        with open(path, "rb") as fh:
-            head = fh.read(16)
-    except OSError:
-        return None
+        head = read_head(path)  # non-blocking open, then fstat: a FIFO swapped in cannot hang the sniff
+    except (OSError, InputError):
+        return None  # the reader that opens it says what is wrong
     check_content(path, head)
     return head
 

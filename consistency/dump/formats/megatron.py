@@ -125,6 +125,7 @@ def _sbh(p: Path, key: str, t: Any, fd: int, name: str) -> TensorView:
         out = memory_view(name, v.read_all().reshape(t.shape[0], t.shape[2]), t.dtype, p) if v._array is not None \
             else TensorView(name, t.dtype, (t.shape[0], t.shape[2]), v._storage, fd, v._offset, p)
         return out
+    t.charge(2 * t.numel * t.itemsize, f"{key} (reordered [s, b, h] -> [b*s, h] in memory)")
     arr = t.view(name, fd).read_all().transpose(1, 0, 2).reshape(-1, t.shape[2])
     return memory_view(name, np.ascontiguousarray(arr), t.dtype, p)
 
@@ -181,18 +182,58 @@ def _offsets(d: Path, counts: dict[tuple[int, int], int], pps: list[int]) -> dic
     return out
 
 
+def _by_rank(d: Path, fields: dict[Path, tuple[int, ...]], files: list[tuple[Path, ptzip.Archive, list]],
+             notes: list[str]) -> dict[tuple[int, int, int], tuple[Path, ptzip.Archive, list]]:
+    """(pp, ep, tp) of each file, read as upstream names them: ``mp_rank_{tp:02d}``, then
+    ``_{pp:03d}`` only when pipeline-parallel and ``_{ep:03d}`` only when expert-parallel
+    (NVIDIA/Megatron-LM megatron/training/checkpointing.py, megatron-core 0.18.0: ``save_grads``
+    lines 461-489, ``get_checkpoint_name`` lines 197-236). Two
+    fields are TP+PP or TP+EP: pipeline stages hold different layers and only the last holds
+    ``output_layer``; expert ranks (PP 1) each run the whole model, so every one holds it."""
+    counts = {len(f) for f in fields.values()}
+    if len(counts) != 1:
+        raise InputError(d, "rank files mix mp_rank_TT, mp_rank_TT_PPP and mp_rank_TT_PPP_EEE names: two runs' files "
+                         "in one iteration directory")
+    n = counts.pop()
+    second_is_ep = False
+    if n == 2:
+        has_out: dict[int, bool] = {}
+        for p, _a, chs in files:
+            x = fields[p][1]
+            has_out[x] = has_out.get(x, False) or any("output_layer/input0" in e for _c, e in chs)
+        last = max(has_out)
+        if all(has_out.values()) and len(has_out) > 1:
+            second_is_ep = True
+            notes.append("mp_rank_TT_EEE names with every file holding output_layer: expert-parallel ranks "
+                         "(pipeline size 1), as Megatron's save_grads names them")
+        elif any(v for x, v in has_out.items() if x != last):  # none holding it: stages without the last one
+            raise InputError(d, "mp_rank_TT_NNN names whose output_layer files fit neither pipeline stages (only the "
+                             "last stage holds it) nor expert ranks (every rank holds it)")
+    out: dict[tuple[int, int, int], tuple[Path, ptzip.Archive, list]] = {}
+    for p, a, chs in files:
+        f = fields[p]
+        tp, pp, ep = f[0], (f[1] if n >= 2 and not second_is_ep else 0), (f[1] if second_is_ep else f[2] if n == 3
+                                                                          else 0)
+        if (pp, ep, tp) in out:
+            raise InputError(p, f"names the same (tp, pp, ep) rank as {out[(pp, ep, tp)][0].name}")
+        out[(pp, ep, tp)] = (p, a, chs)
+    return out
+
+
 def _build(path: Path, files: list[Path], d: Path, archives: list[ptzip.Archive], layer_ids: Sequence[int] | None,
            convention: str | None) -> ForeignDump:
     notes: list[str] = []
     by_rank: dict[tuple[int, int, int], stock.Pass] = {}
     opened: dict[tuple[int, int, int], tuple[Path, ptzip.Archive, list[tuple[int, dict[str, Any]]]]] = {}
+    fields: dict[Path, tuple[int, ...]] = {}
     for p in files:
         m = RANK_FILE.match(p.name)
         assert m is not None
         a = ptzip.open_archive(p)
         archives.append(a)
-        tp, pp, ep = int(m.group(1)), int(m.group(2) or 0), int(m.group(3) or 0)
-        opened[(pp, ep, tp)] = (p, a, _chunks(p, a))
+        fields[p] = tuple(int(g) for g in m.groups() if g is not None)
+        opened[(0, 0, len(opened))] = (p, a, _chunks(p, a))  # keyed by rank below, once the naming is known
+    opened = _by_rank(d, fields, list(opened.values()), notes)
     tps = sorted({tp for _pp, _ep, tp in opened})
     pps = sorted({pp for pp, _ep, _tp in opened})
     eps = sorted({ep for _pp, ep, _tp in opened})

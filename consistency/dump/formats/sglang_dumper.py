@@ -127,10 +127,15 @@ def _rank_of(meta: dict[str, Any], fields: dict[str, str]) -> tuple[int, int, in
     info = meta.get("sglang_parallel_info") or meta.get("megatron_parallel_info") or {}
     if isinstance(info, dict) and isinstance(info.get("tp_rank"), int):
         dp = info.get("attn_dp_size") if info.get("attn_dp_enabled") else 1
-        return (int(info.get("pp_rank", 0)), int(info["tp_rank"]), int(info.get("pp_size", 1)),
-                int(info.get("tp_size", 1)), int(dp) if isinstance(dp, int) else 1)
+        return (_int(info.get("pp_rank", 0)), _int(info["tp_rank"]), _int(info.get("pp_size", 1)),
+                _int(info.get("tp_size", 1)), _int(dp) if isinstance(dp, int) else 1)
     ws = meta.get("world_size")
     return 0, int(fields["rank"]), 1, int(ws) if isinstance(ws, int) else 0, 1  # 0: from the ranks seen
+
+
+def _int(v: Any) -> int:
+    """A rank or size from the file's metadata: an int or -1 (refused by the layout check)."""
+    return v if isinstance(v, int) and not isinstance(v, bool) else -1
 
 
 def _build(path: Path, d: Path, archives: list[ptzip.Archive], layer_ids: Sequence[int] | None,
@@ -161,6 +166,11 @@ def _build(path: Path, d: Path, archives: list[ptzip.Archive], layer_ids: Sequen
         raise InputError(d, f"files disagree on the parallel layout (pp, tp, attn_dp sizes): {sorted(sizes)}")
     pp_size, tp_size, dp_size = sizes.pop()
     tp_size = tp_size or len(records)
+    if pp_size < 1 or tp_size < 1 or pp_size * tp_size > len(records) or \
+            any(not (0 <= pp < pp_size and 0 <= tp < tp_size) for pp, tp in records):
+        # a size is a claim: the files present decide the layout, and a table is never built to a claim's size
+        raise InputError(d, f"the files declare pp {pp_size} x tp {tp_size} ranks but hold (pp, tp) ranks "
+                         f"{sorted(records)[:6]}{' ...' if len(records) > 6 else ''} ({len(records)} present)")
     if dp_size > 1:
         raise InputError(d, f"attention data parallel (attn_dp_size {dp_size}): each DP rank holds other requests' "
                          "tokens and merging them is not supported; dump with --dp-size 1 or compare one DP rank")

@@ -14,6 +14,7 @@ The files are read by the restricted archive reader (:mod:`consistency.dump.ptzi
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -91,15 +92,18 @@ def _parse_ranks(path: Path, dirs: Sequence[Path]) -> dict[tuple[int, int], Path
             raise InputError(d, f"two processes wrote TP{tp}_PP{pp} ({out[(pp, tp)].name} and {d.name}): a restarted "
                              "server dumps into the same folder; keep one run's directories")
         out[(pp, tp)] = d
-    tps = {tp for _pp, tp in out}
-    pps = {pp for pp, _tp in out}
-    missing = [f"TP{tp}_PP{pp}" for pp in range(max(pps) + 1) for tp in range(max(tps) + 1) if (pp, tp) not in out]
-    if missing and len(dirs) > 1:
-        raise InputError(path, f"rank directories {', '.join(missing[:6])} are missing (found {len(out)})")
+    tp_size, pp_size = max(tp for _pp, tp in out) + 1, max(pp for pp, _tp in out) + 1
+    if len(dirs) > 1 and tp_size * pp_size != len(out):
+        # the names claim a layout; the directories present are the evidence (never a table of the claim's size)
+        missing = list(itertools.islice(((pp, tp) for pp in range(pp_size) for tp in range(tp_size)
+                                         if (pp, tp) not in out), 6))
+        raise InputError(path, f"rank directories name TP up to {tp_size - 1} and PP up to {pp_size - 1} "
+                         f"({tp_size * pp_size} ranks) but {len(out)} are present; missing "
+                         f"{', '.join(f'TP{tp}_PP{pp}' for pp, tp in missing)}{', ...' if len(missing) == 6 else ''}")
     for (pp, tp), d in out.items():
         rank = int(RANK_DIR.match(d.name).group(3))  # type: ignore[union-attr]
-        if len(dirs) > 1 and rank != (max(tps) + 1) * pp + tp:
-            raise InputError(d, f"Rank{rank} is not tp_size * pp_rank + tp_rank = {(max(tps) + 1) * pp + tp}")
+        if len(dirs) > 1 and rank != tp_size * pp + tp:
+            raise InputError(d, f"Rank{rank} is not tp_size * pp_rank + tp_rank = {tp_size * pp + tp}")
     return out
 
 
@@ -185,8 +189,11 @@ def _check_shift(d: Path, files: Sequence[Path], raw: Sequence[tuple[dict, int]]
         mine = passes[k].tensors.get(names.FINAL_NORM)
         if not isinstance(tail, ptzip.PtTensor) or mine is None:
             continue
+        tail.charge(16 * tail.numel, f"{files[k + 1].name}'s 'model' output and pass {k}'s model.norm, in float64")
         a = tail.view("model", raw[k + 1][1]).rows_float(0, 1 << 30, np.float64)
         b = mine.rows_float(0, 1 << 30, np.float64)
+        if tail.budget is not None:
+            tail.budget.release(16 * tail.numel)  # compared and dropped: one pass at a time
         if a.shape != b.shape or not np.array_equal(a, b):
             notes.append(f"{files[k + 1].name}: its 'model' output is not {files[k].name}'s model.norm output; the "
                          "pass-file shift could not be confirmed")
@@ -235,8 +242,9 @@ N_CHECK = 1e-2  # token rel_diff: a bf16 add rounds within 2^-8; another stream 
 def _build(path: Path, root: Path, layout: str, ranks: dict[tuple[int, int], Path], archives: list[ptzip.Archive],
            layer_ids: Sequence[int] | None, convention: str | None) -> ForeignDump:
     notes: list[str] = []
-    tp_size = max(tp for _pp, tp in ranks) + 1
-    pp_size = max(pp for pp, _tp in ranks) + 1
+    tps = sorted({tp for _pp, tp in ranks})  # the ranks present: one directory may be named TP9999_PP9999
+    pps = sorted({pp for pp, _tp in ranks})
+    tp_size, pp_size = len(tps), len(pps)
     first = ptzip.open_archive(_passes(ranks[min(ranks)])[0]) if _passes(ranks[min(ranks)]) else None
     if first is None:
         raise InputError(ranks[min(ranks)], "holds no Pass*.pt file")
@@ -255,15 +263,18 @@ def _build(path: Path, root: Path, layout: str, ranks: dict[tuple[int, int], Pat
     if n_layers is None and seen:
         notes.append(f"layers {stock.spans(seen)} dumped (--debug-tensor-dump-layers): N is unknown, so model.norm's "
                      "residual (stream N) is not named")
-    per_rank = {r: _rank_passes(d, archives, tp_size == 1, n_layers, notes) for r, d in sorted(ranks.items())}
+    # one rank directory named TP1_*: the run had TP >= 2 (its o_proj/down_proj outputs are partial sums), whatever
+    # number of directories is present; the claim decides only that, never a loop's or a table's size
+    whole = max(tps) == 0
+    per_rank = {r: _rank_passes(d, archives, whole, n_layers, notes) for r, d in sorted(ranks.items())}
     counts = {len(v) for v in per_rank.values()}
     if len(counts) != 1:
         raise InputError(path, f"ranks wrote different numbers of passes ({sorted(counts)})")
     passes, replicas = [], {}
     for k in range(counts.pop()):
         stages = []
-        for pp in range(pp_size):
-            group = [per_rank[(pp, tp)][k] for tp in range(tp_size) if (pp, tp) in per_rank]
+        for pp in pps:
+            group = [per_rank[(pp, tp)][k] for tp in tps if (pp, tp) in per_rank]
             combined, rep, _n = stock.combine_ranks(path, group, list(range(len(group))))
             replicas.update({(n if k == 0 else f"{n}#{k + 1}"): v for n, v in rep.items()})
             stages.append(combined)
@@ -274,7 +285,8 @@ def _build(path: Path, root: Path, layout: str, ranks: dict[tuple[int, int], Pat
     stock.derive_aux(path, tensors, metas, claims, "SGLang", len(passes), notes)
     hidden = next((v.cols for k, v in tensors.items() if names.stream_of(k) is not None), None)
     streams = stock.stream_ids(tensors)
-    summary = (f"SGLang tensor dump, {layout}, TP {tp_size}" + (f", PP {pp_size}" if pp_size > 1 else "")
+    tp_text = f"TP {tp_size}" if whole or tp_size == max(tps) + 1 else f"TP rank(s) {tps} of a TP >= {max(tps) + 1} run"
+    summary = (f"SGLang tensor dump, {layout}, {tp_text}" + (f", PP {pp_size}" if pp_size > 1 else "")
                + f", {len(passes)} passes, streams {stock.spans(streams) or 'none'}")
     meta = DumpMetadata(side="serving", runtime=RuntimeInfo(name="sglang"),
                         model=ModelInfo(num_layers=n_layers, hidden_size=hidden),

@@ -197,12 +197,14 @@ def loss_mask_beside(path: Path, token_ids: np.ndarray) -> tuple[np.ndarray | No
         return None, f"{root.name}/ holds speculators' dataset, but pyarrow is not installed: its loss mask was not read"
     row = int(m.group(1))
     try:
-        files = [f["filename"] for f in json.loads(state.read_text())["_data_files"]]
+        from consistency.contract.io import read_small_file  # non-blocking open, fstat: never a FIFO's hang
+
+        files = [f["filename"] for f in json.loads(read_small_file(state, 1 << 20, "state.json"))["_data_files"]]
         for f in files:
             fp = (root / f).resolve()
-            if fp.parent != root.resolve() or fp.stat().st_size > MAX_ARROW:
-                raise ValueError(f"refusing {f!r}")
-            with ipc.open_stream(str(fp)) as reader:
+            if fp.parent != root.resolve():
+                raise ValueError("a data file outside the dataset")
+            with ipc.open_stream(read_small_file(fp, MAX_ARROW, "dataset file")) as reader:
                 table = reader.read_all()
             if row < table.num_rows:
                 ids = np.asarray(table.column("input_ids")[row].as_py(), np.int64)
@@ -211,7 +213,7 @@ def loss_mask_beside(path: Path, token_ids: np.ndarray) -> tuple[np.ndarray | No
             row -= table.num_rows
         else:
             return None, f"{root.name}/'s dataset has no row {m.group(1)}: its loss mask was not read"
-    except (OSError, ValueError, KeyError, TypeError, IndexError) as exc:
+    except (OSError, ValueError, KeyError, TypeError, IndexError, InputError) as exc:
         return None, f"{root.name}/'s dataset could not be read ({type(exc).__name__}): its loss mask was not read"
     except Exception as exc:  # noqa: BLE001 - pyarrow's own errors (ArrowInvalid, ...) on a damaged file
         return None, f"{root.name}/'s dataset could not be read ({type(exc).__name__}): its loss mask was not read"
