@@ -311,9 +311,9 @@ def _losses(meta: Any) -> tuple[dict[str, int], list[str]]:
         n = entry.get("count") if isinstance(entry, dict) else None
         if isinstance(n, int) and not isinstance(n, bool) and n > 0:
             counts[str(name)[:80]] = counts.get(str(name)[:80], 0) + n
-            reason = entry.get("reason")
-            if isinstance(reason, str) and f"refused: {reason[:100]}" not in reasons:
-                reasons.append(f"refused: {reason[:100]}")
+            line = f"{str(name)[:40]} refused: {str(entry.get('reason'))[:100]}"
+            if line not in reasons:
+                reasons.append(line)
     if isinstance(graph, dict):
         reasons = [str(r)[:120] for r in list(graph)[:4]] + reasons
     return counts, reasons
