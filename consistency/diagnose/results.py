@@ -13,7 +13,7 @@ import math
 from consistency.compare.engine import DRIFT_TOKEN_CAP, Comparison, Result, Status
 from consistency.compare.tolerance import AMBIGUOUS_RATIO, DRIFT_ERROR_FACTOR
 from consistency.contract.findings import Finding, Severity
-from consistency.diagnose import causes, draft_steps, hypotheses, partial, rownames, stale, words
+from consistency.diagnose import causes, draft_steps, hypotheses, partial, rownames, rowgroups, stale, words
 from consistency.diagnose.evidence import Evidence, Explanation
 from consistency.dump import names
 
@@ -97,6 +97,8 @@ def finding(ev: Evidence, r: Result) -> tuple[list[Finding], int | None]:
         return [Finding.make(x.code, f"{label} {x.message}", identified_as=cmp.canonical(x.identified_as),
                              metrics=metrics, evidence={"before": _g(x.before), "after": _g(x.after), **x.detail},
                              **base)], r.expected_stream
+    if r.status == Status.bad_tokens and (g := rowgroups.explain(ev, r, label, base, metrics)) is not None:
+        return [g], r.expected_stream  # each group of disagreeing rows, by provenance, holds something known
     if r.status == Status.bad_tokens:
         return [causes.bad_tokens(ev, r, label, base, metrics)], r.expected_stream
     return _explain(ev, r, label, base, metrics)
