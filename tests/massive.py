@@ -21,11 +21,16 @@ MASSIVE, SINK = 3.0, 600.0  # neighbouring rows ~7e-3 apart (token rel_diff), bf
 SINK_ID = 1
 
 
+ZERO_COL = 5  # every layer's MLP output is zero in this channel (down_proj's row zeroed): the model's own zero
+
+
 @dataclass(frozen=True)
 class Massive:
     ids: np.ndarray
-    hidden: tuple[np.ndarray, ...]  # fp32 forward: HF's hidden_states (0..N-1 pre-norm, N post-norm)
+    hidden: tuple[np.ndarray, ...]  # fp32 forward: streams 0..N (pre-norm)
     bf16: tuple[np.ndarray, ...]  # the same weights run in bfloat16
+    parts: dict[str, np.ndarray]  # fp32 attn_out.k / mlp_out.k / final_norm
+    bf16_parts: dict[str, np.ndarray]
 
 
 @lru_cache(maxsize=4)
@@ -43,13 +48,17 @@ def massive(t: int = 96, seed: int = 5) -> Massive:
         w[:, 3] += MASSIVE  # one massive channel on every row
         w[:, 17] -= MASSIVE / 2
         w[SINK_ID, 40] += SINK  # the sink token's own
+        for layer in model.model.layers:
+            layer.mlp.down_proj.weight[ZERO_COL] = 0
     rng = np.random.default_rng(seed)
     ids = rng.integers(2, VOCAB, size=t).astype(np.int64)
     ids[0] = SINK_ID
+    from consistency.record.hf import capture_streams
+
     out = []
     for dt in (torch.float32, torch.bfloat16):
-        m = model.to(dt)
-        with torch.no_grad():
-            hs = m(input_ids=torch.from_numpy(ids)[None], output_hidden_states=True).hidden_states
-        out.append(tuple(h[0].float().numpy().astype(np.float32) for h in hs))
-    return Massive(ids, out[0], out[1])
+        got, _notes = capture_streams(model.to(dt), torch.from_numpy(ids)[None])
+        out.append({k: v[0].float().numpy().astype(np.float32) for k, v in got.items()})
+    hid = [tuple(o[f"hidden.{s}"] for s in range(N_LAYERS + 1)) for o in out]
+    rest = [{k: v for k, v in o.items() if not k.startswith("hidden.")} for o in out]
+    return Massive(ids, hid[0], hid[1], rest[0], rest[1])

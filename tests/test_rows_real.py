@@ -14,7 +14,7 @@ import pytest
 from consistency.contract.models import AuxInfo, DumpMetadata, ModelInfo
 from consistency.diagnose.pipeline import run as run_compare
 from consistency.dump.writer import write_dump
-from tests.massive import HIDDEN, N_LAYERS, VOCAB, massive
+from tests.massive import HIDDEN, N_LAYERS, VOCAB, ZERO_COL, massive
 
 SLOTS = [2, 4, 6]
 STALE = [10, 31, 32, 50, 77, 90]  # rows that hold the row before them (a buffer one step behind)
@@ -25,8 +25,9 @@ def _meta(side: str) -> DumpMetadata:
                         aux=AuxInfo(stream_ids=SLOTS))
 
 
-def _reference(tmp_path, m):  # noqa: ANN001, ANN202
+def _reference(tmp_path, m, parts: bool = False):  # noqa: ANN001, ANN202
     tens = {"input_ids": m.ids} | {f"hidden.{s}": m.hidden[s] for s in range(N_LAYERS)}
+    tens |= {k: v for k, v in m.parts.items() if k != "final_norm"} if parts else {}
     tens |= {f"aux.{i}": m.hidden[s] for i, s in enumerate(SLOTS)}
     return write_dump(tmp_path / "ref.safetensors", tens, _meta("training"), force=True)
 
@@ -82,3 +83,34 @@ def test_bf16_rows_of_the_massive_model_pass(tmp_path) -> None:  # noqa: ANN001
     cand = write_dump(tmp_path / "cand.safetensors", {"input_ids": m.ids} | slots, _meta("serving"), force=True)
     rep = run_compare(str(ref), str(cand))
     assert rep.verdict == "pass", rep.summary
+
+
+def _slot(tmp_path, m, slot: int, values: np.ndarray, name: str = "cand.safetensors"):  # noqa: ANN001, ANN202
+    slots = {f"aux.{i}": m.bf16[s] for i, s in enumerate(SLOTS)} | {f"aux.{slot}": values.astype(np.float32)}
+    return write_dump(tmp_path / name, {"input_ids": m.ids} | slots, _meta("serving"), force=True)
+
+
+def test_a_zero_column_the_reference_shares_is_the_models_not_a_shard(tmp_path) -> None:  # noqa: ANN001
+    """Every layer's MLP output is zero in one channel (the model's own weights), which the
+    reference's recorded mlp_out.* show. A slot holding the fused layer's hidden_states alone
+    (the MLP output: residual not added) is zero there too: RESIDUAL_MISSING, not ZERO_VALUES."""
+    m = massive()
+    assert not np.any(m.parts["mlp_out.3"][:, ZERO_COL]) and np.all(m.hidden[4][:, ZERO_COL] != 0)
+    ref = _reference(tmp_path, m, parts=True)
+    cand = _slot(tmp_path, m, 1, m.bf16_parts[f"mlp_out.{SLOTS[1] - 1}"])
+    errs = _errors(run_compare(str(ref), str(cand)))
+    assert set(errs) == {"RESIDUAL_MISSING"}, {k: [f.message for f in v] for k, v in errs.items()}
+    assert [f.tensor for f in errs["RESIDUAL_MISSING"]] == ["aux.1"]
+
+
+def test_the_residual_alone_is_the_stream_before_plus_the_attention(tmp_path) -> None:  # noqa: ANN001
+    """A fused-residual runtime's ``residual`` after layer s-1 (hidden.{s-1} + attn_out.{s-1},
+    both recorded): RESIDUAL_MISSING naming it, not UNKNOWN."""
+    m = massive()
+    ref = _reference(tmp_path, m, parts=True)
+    s = SLOTS[2]
+    cand = _slot(tmp_path, m, 2, m.bf16[s - 1] + m.bf16_parts[f"attn_out.{s - 1}"])
+    errs = _errors(run_compare(str(ref), str(cand)))
+    assert set(errs) == {"RESIDUAL_MISSING"}, {k: [f.message for f in v] for k, v in errs.items()}
+    (f,) = errs["RESIDUAL_MISSING"]
+    assert f.tensor == "aux.2" and "residual alone" in f.message and f"attn_out.{s - 1}" in f.message
