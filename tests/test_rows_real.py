@@ -114,3 +114,46 @@ def test_the_residual_alone_is_the_stream_before_plus_the_attention(tmp_path) ->
     assert set(errs) == {"RESIDUAL_MISSING"}, {k: [f.message for f in v] for k, v in errs.items()}
     (f,) = errs["RESIDUAL_MISSING"]
     assert f.tensor == "aux.2" and "residual alone" in f.message and f"attn_out.{s - 1}" in f.message
+
+
+@pytest.mark.pretrained
+def test_smollm2_rows_holding_the_previous_token_are_never_within_the_bar(tmp_path) -> None:  # noqa: ANN001
+    """Real pretrained weights (SmolLM2-135M, loaded offline): the rows whose previous token's
+    state is within the old bar (10x the bf16 floor) of their own -- the rows after the sink --
+    hold it in a bf16 serving capture: no PASS; the rows are named as stale."""
+    from tests.scenarios.build import SMOL, record, smollm2_dir
+
+    if smollm2_dir() is None:
+        pytest.skip("SmolLM2-135M package not installed")
+    st, t, slots = record(SMOL), 128, [3, 9, 15]
+    low = st.bf16
+    h = [x[:t].astype(np.float64) for x in st.hidden]
+
+    def rel(a, b):  # noqa: ANN001, ANN202
+        d = a - b
+        return (d * d).sum(1) / ((a * a).sum(1) + (b * b).sum(1))
+
+    near = {i: [int(r) + 1 for r in np.flatnonzero(rel(h[s][1:], h[s][:-1]) < 2e-2)] for i, s in enumerate(slots)}
+    assert any(near.values()), near  # the premise: such rows exist on real weights
+    meta = {"model": ModelInfo(num_layers=st.n, hidden_size=st.hidden_size, vocab_size=49152),
+            "aux": AuxInfo(stream_ids=slots)}
+    tens = {"input_ids": st.ids[:t]} | {f"hidden.{s}": st.hidden[s][:t] for s in range(st.n)}
+    tens |= {f"aux.{i}": st.hidden[s][:t] for i, s in enumerate(slots)}
+    ref = write_dump(tmp_path / "ref.safetensors", tens, DumpMetadata(side="training", **meta), force=True)
+    cand_slots = {}
+    for i, s in enumerate(slots):
+        x = low.hidden[s][:t].copy()
+        for r in near[i]:
+            x[r] = low.hidden[s][r - 1]
+        cand_slots[f"aux.{i}"] = x
+    plain = write_dump(tmp_path / "plain.safetensors", {"input_ids": st.ids[:t]} | {
+        f"aux.{i}": low.hidden[s][:t] for i, s in enumerate(slots)}, DumpMetadata(side="serving", **meta), force=True)
+    assert run_compare(str(ref), str(plain)).verdict == "pass"  # the bf16 forward itself: no false alarm
+    cand = write_dump(tmp_path / "cand.safetensors", {"input_ids": st.ids[:t]} | cand_slots,
+                      DumpMetadata(side="serving", **meta), force=True)
+    rep = run_compare(str(ref), str(cand))
+    assert rep.verdict == "fail", rep.summary
+    errs = _errors(rep)
+    assert set(errs) == {"STALE_ROWS"}, {k: [f.message for f in v] for k, v in errs.items()}
+    got = {f.tensor: f.evidence["stale_rows"] for f in errs["STALE_ROWS"]}
+    assert got == {f"aux.{i}": rows for i, rows in near.items() if rows}

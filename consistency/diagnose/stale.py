@@ -26,7 +26,7 @@ def _earlier(ev: Evidence, r: Result, c: np.ndarray, idx: np.ndarray, same: np.n
              tol: float) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
     """Per row: the distance to the nearest earlier reference row that matches (inf: none), how
     far back, and the bar each row was held to. A row holds an earlier row when it is within
-    the floor of it *and* a quarter as far from it as from its own row (compare.rowbar): on a
+    the floor of it *and* half as far from it as from its own row (compare.rowbar): on a
     model with massive activations neighbouring rows are closer than the floor, so the floor
     alone would neither tell a stale row from a fresh one nor find it."""
     assert r.ref is not None
