@@ -170,9 +170,10 @@ def test_over_the_budget_is_said_once_per_graph_and_never_passes(tmp_path, capsy
     (drop,) = [f for f in rep.findings if f.code == "CAPTURES_DROPPED"]
     eights = sum(1 for real in BATCHES if _padded(real) == 8) * STEPS
     passes = len(BATCHES) * (1 + STEPS)
-    assert drop.metrics["left_out"] == {"passes": eights, "of": passes, "graphs": {"loop.draft bs=8": eights},
+    assert drop.metrics["left_out"] == {"passes": eights, "of": passes, "graphs": {"loop.draft, loop.target bs=8": eights},
                                         "lacking": {"aux.1": eights, "aux.2": eights}, "names": []}
-    assert f"{eights} of {passes} forward passes (loop.draft bs=8 x{eights}) lack aux.1, aux.2" in drop.message
+    assert f"{eights} of {passes} forward passes (loop.draft, loop.target bs=8 x{eights}) lack aux.1, aux.2" \
+        in drop.message
     assert [f.code for f in rep.findings if f.severity.value == "error"] == ["CAPTURES_DROPPED"]
 
 
@@ -190,6 +191,23 @@ def test_a_whole_graph_left_out_fails_with_captures_dropped(tmp_path):
                                                             ("aux.0", "aux.1", "aux.2", "input_ids", "positions",
                                                              "request_ids")}
     assert rep.summary.startswith("CAPTURES_DROPPED")
+
+
+def test_a_budget_that_fits_the_target_graphs_but_not_every_draft_graph(tmp_path):
+    """The bs-8 draft graph over the budget whole (its target graph fits): aux.* have fewer
+    captures than input_ids, paired with the target's passes by batch size and replay number;
+    those passes are left out and said, the rest compared: CAPTURES_DROPPED, never exit 2."""
+    eager = _record(tmp_path / "eager.safetensors", None)
+    h = tiny("tiny-llama").config.hidden_size * 4
+    graphs.enable(hook_torch=False, budget_bytes=4 * 3 * 8 + 4 * 3 * h + 3 * 8 + 3 * h + 8 * 3 * 8)
+    small = _record(tmp_path / "small.safetensors", "emulate")
+    rep = compare(str(eager.written), str(small.written))
+    eights = sum(1 for real in BATCHES if _padded(real) == 8) * STEPS
+    (drop,) = [f for f in rep.findings if f.code == "CAPTURES_DROPPED"]
+    assert rep.verdict == "fail" and rep.summary.startswith("CAPTURES_DROPPED"), rep.summary
+    assert drop.metrics["left_out"]["lacking"] == {f"aux.{i}": eights for i in range(3)}
+    assert drop.metrics["left_out"]["graphs"] == {"loop.target bs=8": eights}
+    assert [f.code for f in rep.findings if f.severity.value == "error"] == ["CAPTURES_DROPPED"]
 
 
 def test_trim_cuts_dim0_by_tokens_or_batch_and_says_when_it_cannot():

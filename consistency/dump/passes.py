@@ -103,7 +103,7 @@ def complete(d: Dump, groups: dict[str, list[tuple[int, TensorView]]],
     short = [b for b in on_axis if len(groups[b]) < k]
     if not short or any(len(groups[b]) > k for b in on_axis):
         return None
-    full = [b for b in on_axis if len(groups[b]) == k]
+    full = sorted(b for b in on_axis if len(groups[b]) == k)
     if not full:
         return None
     sigs = [[_tag(d, groups[b][i][1].name) for b in full] for i in range(k)]
@@ -122,8 +122,8 @@ def complete(d: Dump, groups: dict[str, list[tuple[int, TensorView]]],
         if i in keep:
             continue
         left.passes += 1
-        g = next((s for s in sigs[i] if s is not None), None)
-        what = f"{g[0]} bs={g[1]}" if g is not None else "eager"
+        tags = [s for s in sigs[i] if s is not None]
+        what = f"{', '.join(sorted({str(t[0]) for t in tags}))} bs={tags[0][1]}" if tags else "eager"
         left.graphs[what] = left.graphs.get(what, 0) + 1
     new_no = {i: j + 1 for j, i in enumerate(keep)}
     out: dict[str, list[tuple[int, TensorView]]] = {}
