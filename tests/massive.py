@@ -33,8 +33,9 @@ class Massive:
     bf16_parts: dict[str, np.ndarray]
 
 
-@lru_cache(maxsize=4)
-def massive(t: int = 96, seed: int = 5) -> Massive:
+@lru_cache(maxsize=2)
+def model(seed: int = 5):  # noqa: ANN201
+    """The seeded model (fp32): a massive direction on every row, a sink token, a zeroed MLP channel."""
     import torch
     import transformers
 
@@ -50,15 +51,29 @@ def massive(t: int = 96, seed: int = 5) -> Massive:
         w[SINK_ID, 40] += SINK  # the sink token's own
         for layer in model.model.layers:
             layer.mlp.down_proj.weight[ZERO_COL] = 0
+    return model
+
+
+def streams(ids: np.ndarray, dtype: str = "float32", seed: int = 5) -> dict[str, np.ndarray]:
+    """Every stream, block delta and the final norm of one forward pass over ``ids``."""
+    import copy
+
+    import torch
+
+    from consistency.record.hf import capture_streams
+
+    m = model(seed) if dtype == "float32" else copy.deepcopy(model(seed)).to(getattr(torch, dtype))
+    with torch.no_grad():
+        got, _notes = capture_streams(m, torch.from_numpy(np.asarray(ids, np.int64))[None])
+    return {k: v[0].float().numpy().astype(np.float32) for k, v in got.items()}
+
+
+@lru_cache(maxsize=4)
+def massive(t: int = 96, seed: int = 5) -> Massive:
     rng = np.random.default_rng(seed)
     ids = rng.integers(2, VOCAB, size=t).astype(np.int64)
     ids[0] = SINK_ID
-    from consistency.record.hf import capture_streams
-
-    out = []
-    for dt in (torch.float32, torch.bfloat16):
-        got, _notes = capture_streams(model.to(dt), torch.from_numpy(ids)[None])
-        out.append({k: v[0].float().numpy().astype(np.float32) for k, v in got.items()})
+    out = [streams(ids, dt, seed) for dt in ("float32", "bfloat16")]
     hid = [tuple(o[f"hidden.{s}"] for s in range(N_LAYERS + 1)) for o in out]
     rest = [{k: v for k, v in o.items() if not k.startswith("hidden.")} for o in out]
     return Massive(ids, hid[0], hid[1], rest[0], rest[1])

@@ -85,6 +85,12 @@ def test_bf16_rows_of_the_massive_model_pass(tmp_path) -> None:  # noqa: ANN001
     assert rep.verdict == "pass", rep.summary
 
 
+def _bf16(x: np.ndarray) -> np.ndarray:
+    import torch
+
+    return torch.from_numpy(np.ascontiguousarray(x, np.float32)).to(torch.bfloat16).float().numpy()
+
+
 def _slot(tmp_path, m, slot: int, values: np.ndarray, name: str = "cand.safetensors"):  # noqa: ANN001, ANN202
     slots = {f"aux.{i}": m.bf16[s] for i, s in enumerate(SLOTS)} | {f"aux.{slot}": values.astype(np.float32)}
     return write_dump(tmp_path / name, {"input_ids": m.ids} | slots, _meta("serving"), force=True)
@@ -109,7 +115,7 @@ def test_the_residual_alone_is_the_stream_before_plus_the_attention(tmp_path) ->
     m = massive()
     ref = _reference(tmp_path, m, parts=True)
     s = SLOTS[2]
-    cand = _slot(tmp_path, m, 2, m.bf16[s - 1] + m.bf16_parts[f"attn_out.{s - 1}"])
+    cand = _slot(tmp_path, m, 2, _bf16(m.bf16[s - 1] + m.bf16_parts[f"attn_out.{s - 1}"]))
     errs = _errors(run_compare(str(ref), str(cand)))
     assert set(errs) == {"RESIDUAL_MISSING"}, {k: [f.message for f in v] for k, v in errs.items()}
     (f,) = errs["RESIDUAL_MISSING"]
@@ -157,3 +163,82 @@ def test_smollm2_rows_holding_the_previous_token_are_never_within_the_bar(tmp_pa
     assert set(errs) == {"STALE_ROWS"}, {k: [f.message for f in v] for k, v in errs.items()}
     got = {f.tensor: f.evidence["stale_rows"] for f in errs["STALE_ROWS"]}
     assert got == {f"aux.{i}": rows for i, rows in near.items() if rows}
+
+
+def _hf_reference(tmp_path, n: int, hidden: list, final_norm: np.ndarray, ids: np.ndarray, slots: list[int],  # noqa: ANN001
+                  meta: dict, parts: dict | None = None):  # noqa: ANN202
+    """An HF ``output_hidden_states`` reference: streams 0..N-1 pre-norm, its last entry (N) post-norm."""
+    hf = list(hidden[:n]) + [final_norm]
+    tens = {"input_ids": ids} | {f"hidden.{s}": hf[s] for s in range(n + 1)} | (parts or {})
+    tens |= {f"aux.{i}": hf[s] for i, s in enumerate(slots)}
+    return write_dump(tmp_path / "ref.safetensors", tens, DumpMetadata(side="training", **meta), force=True)
+
+
+def test_the_top_stream_is_named_right_against_a_post_norm_reference(tmp_path) -> None:  # noqa: ANN001
+    """The reference's last slot is HF's last hidden state (post-norm); the candidate's is the
+    raw top stream: NORM_MISSING, naming the top (stream N), never stream N-1 (the nearest
+    raw stream the reference records, far from the slot)."""
+    m = massive()
+    slots = [2, 4, N_LAYERS]
+    meta = {"model": ModelInfo(num_layers=N_LAYERS, hidden_size=HIDDEN, vocab_size=VOCAB),
+            "aux": AuxInfo(stream_ids=slots)}
+    ref = _hf_reference(tmp_path, N_LAYERS, list(m.hidden), m.parts["final_norm"], m.ids, slots, meta)
+    c = {f"aux.{i}": m.bf16[s] for i, s in enumerate(slots)}
+    cand = write_dump(tmp_path / "cand.safetensors", {"input_ids": m.ids} | c, DumpMetadata(side="serving", **meta),
+                      force=True)
+    errs = _errors(run_compare(str(ref), str(cand)))
+    assert set(errs) == {"NORM_MISSING"}, {k: [f.message for f in v] for k, v in errs.items()}
+    (f,) = errs["NORM_MISSING"]
+    assert f.tensor == "aux.2" and f"top (stream {N_LAYERS})" in f.message and f"hidden.{N_LAYERS - 1}" not in f.message
+
+
+@pytest.mark.pretrained
+@pytest.mark.parametrize("cause", ["residual_alone", "top_post_norm"])
+def test_smollm2_causes(cause: str, tmp_path) -> None:  # noqa: ANN001
+    """SmolLM2-135M (real weights, offline): the fused layer's residual alone is RESIDUAL_MISSING
+    (from hidden.{s-1} + attn_out.{s-1}, both recorded); the raw top stream against HF's
+    post-norm last hidden state is NORM_MISSING naming the top, not stream N-1."""
+    from tests.scenarios.build import SMOL, record, smollm2_dir
+
+    if smollm2_dir() is None:
+        pytest.skip("SmolLM2-135M package not installed")
+    st, t = record(SMOL), 128
+    low, n = st.bf16, st.n
+    slots = [3, 9, n] if cause == "top_post_norm" else [3, 9, 15]
+    meta = {"model": ModelInfo(num_layers=n, hidden_size=st.hidden_size, vocab_size=49152),
+            "aux": AuxInfo(stream_ids=slots)}
+    parts = {f"attn_out.{k}": st.attn_out[k][:t] for k in range(n)} if cause == "residual_alone" else None
+    ref = _hf_reference(tmp_path, n, [h[:t] for h in st.hidden], st.final_norm[:t], st.ids[:t], slots, meta, parts)
+    c = {f"aux.{i}": low.hidden[s][:t] for i, s in enumerate(slots)}
+    if cause == "residual_alone":
+        c["aux.2"] = _bf16(low.hidden[14][:t] + low.attn_out[14][:t])  # the runtime's residual, in bf16
+    cand = write_dump(tmp_path / "cand.safetensors", {"input_ids": st.ids[:t]} | c,
+                      DumpMetadata(side="serving", **meta), force=True)
+    errs = _errors(run_compare(str(ref), str(cand)))
+    want = "RESIDUAL_MISSING" if cause == "residual_alone" else "NORM_MISSING"
+    assert set(errs) == {want}, {k: [f.message for f in v] for k, v in errs.items()}
+    (f,) = errs[want]
+    assert f.tensor == "aux.2"
+    if cause == "residual_alone":
+        assert "residual alone" in f.message and "attn_out.14" in f.message
+    else:
+        assert f"top (stream {n})" in f.message and f"hidden.{n - 1}" not in f.message
+
+
+def test_a_dropped_bos_is_not_a_prefix_cache_hit(tmp_path) -> None:  # noqa: ANN001
+    """A capture without positions of the prompt minus its first token (the sink, BOS): every
+    slot's first rows differ (BAD_TOKENS on each), which proves no shared context: the token
+    is missing from the candidate's computation, not read from a prefix cache."""
+    from tests.massive import streams
+
+    m = massive()
+    ref = _reference(tmp_path, m)
+    st = streams(m.ids[1:], "bfloat16")
+    cand = tmp_path / "cand.npz"  # a user's own np.savez: no positions, no metadata
+    np.savez(cand, input_ids=m.ids[1:], **{f"aux.{i}": st[f"hidden.{s}"] for i, s in enumerate(SLOTS)})
+    rep = run_compare(str(ref), str(cand))
+    assert rep.verdict == "fail"
+    codes = {f.code: f for f in rep.findings}
+    assert "CONTEXT_DIFFERS" in _errors(rep) and "NOT_CAPTURED" not in codes, sorted(codes)
+    assert "not read from a prefix cache" in codes["TOKENS_MISSING"].message
+    assert not any("prefix-cache hit" in n for n in rep.alignment.get("notes", []))

@@ -263,9 +263,16 @@ def norm_missing(ev: Evidence, r: Result) -> Explanation | None:
     noise = ev.cmp.pair_floor(r, user=False)[0]
     if not (_ref_is_normed(ev, r) or looks_normed(e, c, d, noise)) or not _exact_enough(ev, r, d):
         return None  # nothing says the expected tensor is a norm's output
-    raw = r.ident.best.name if r.ident and r.ident.best and names.parse(r.ident.best.name).kind == names.HIDDEN else None
-    return Explanation("NORM_MISSING", f"is the raw (pre-norm) stream{' ' + raw if raw else ''}; the expected tensor "
-                       f"is its {kind} output", before, d, raw, {"norm": kind, "weighted": weighted})
+    # the raw stream is named only when the values hold it: against an HF output_hidden_states
+    # reference (its last entry post-norm) the nearest recorded raw stream is N-1, not this one
+    best = r.ident.best if r.ident and r.ident.best and names.parse(r.ident.best.name).kind == names.HIDDEN else None
+    raw = best.name if best is not None and best.distance <= HOLD_EXACT * noise else None
+    n = ev._num_layers()
+    top = raw is None and n is not None and (r.expected_stream in (None, n))
+    what = f" {raw}" if raw else f" of the model's top (stream {n}), which the reference records only after its " \
+        f"norm" if top else ""
+    return Explanation("NORM_MISSING", f"is the raw (pre-norm) stream{what}; the expected tensor is its {kind} output",
+                       before, d, raw, {"norm": kind, "weighted": weighted, **({"stream": n} if top else {})})
 
 
 def token_shift(ev: Evidence, r: Result) -> Explanation | None:
