@@ -9,6 +9,7 @@ under graphs do:
   replays keep the old ones (every slot one layer later: stream s + 1);
 * ``residual``: the graph path feeds the block delta (hidden.s - hidden.{s-1}): the residual
   not added there;
+* ``norm``: the graph path feeds the stream after the model's norm (a fused add+norm output);
 * ``swap``: the graph path swaps the first two requests' rows of a batch (the runner's row
   index), at the same position: only batches of two or more real requests;
 * ``stale``: the draft's input buffer refreshed at a batch's first decode step only (the
@@ -38,7 +39,8 @@ BATCHES = (3, 1, 4, 5, 2)  # -> graphs 4, 1, 4, 8, 2
 CAPTURE_BS = (1, 2, 4, 8)
 STEPS, PROMPT = 3, 5
 AUX = (2, 6, 9)
-CAUSES = {"layers": "LAYER_MISMATCH", "residual": "RESIDUAL_MISSING", "swap": "ROWS_SWAPPED", "stale": "STALE_ROWS"}
+CAUSES = {"layers": "LAYER_MISMATCH", "residual": "RESIDUAL_MISSING", "norm": "NORM_APPLIED", "swap": "ROWS_SWAPPED",
+          "stale": "STALE_ROWS"}
 
 
 class Planted(Loop):
@@ -59,6 +61,8 @@ class Planted(Loop):
             parts = [hs[k + 1][:, -1] for k in self.aux]
         elif self.cause == "residual":
             parts = [(hs[k] - hs[k - 1])[:, -1] for k in self.aux]
+        elif self.cause == "norm":
+            parts = [self.model.model.norm(hs[k])[:, -1] for k in self.aux]
         else:
             parts = [hs[k][:, -1] for k in self.aux]
         x = torch.cat(parts, dim=-1)
@@ -84,7 +88,7 @@ def expected(cause: str) -> Expected:
     per, rows, rid, sizes = PROMPT + STEPS, [], 0, set()
     for real in BATCHES:
         for r in range(rid, rid + real):
-            if cause in ("layers", "residual"):
+            if cause in ("layers", "residual", "norm"):
                 steps = range(STEPS)
             elif cause == "stale":
                 steps = range(1, STEPS)

@@ -47,9 +47,11 @@ def test_a_planted_cause_is_named_by_row_group(cause: str, ref, tmp_path) -> Non
     for f in errs:
         rows = f.evidence.get("stale_rows") or f.evidence.get("token_rows")
         assert sorted(rows) == want.rows, f.message
-        if cause == "stale":
-            continue
         (g,) = f.evidence["row_groups"]
+        if cause == "stale":  # named by diagnose.stale, with the rows' provenance
+            assert (g["phase"], g["graph"], g["count"]) == ("decode", "loop.draft", len(want.rows)), g
+            assert f"decode rows from graph replays (loop.draft, bs {', '.join(map(str, want.sizes))})" in f.message
+            continue
         assert (g["phase"], g["graph"], g["batch_sizes"]) == ("decode", "loop.draft", want.sizes), g
         slot = int(f.tensor.split(".")[1])
         if cause == "swap":  # batches of one request agree under graphs too: not a graphs-only difference

@@ -8,7 +8,7 @@ key, whose metadata says eager or which graph (label, batch size, replay), and i
 pass, prefill or decode or verify -- so the disagreeing rows are grouped by provenance and
 each group identified the way compare identifies a slot, on those rows only: another
 recorded stream at the same rows, a block delta (the stream minus the one before it: the
-residual missing), another row of the reference (an earlier step of the same request is
+residual missing), the expected stream after a norm, another row of the reference (an earlier step of the same request is
 STALE_ROWS, diagnose.stale; another request's row at the same position is ROWS_SWAPPED).
 A group that matches nothing stays BAD_TOKENS; a finding is made only when every group of
 disagreeing rows is explained, so the rows that match nothing are never hidden.
@@ -24,13 +24,15 @@ import numpy as np
 from consistency.compare.engine import Comparison, Result
 from consistency.contract.findings import Finding
 from consistency.diagnose.evidence import Evidence
-from consistency.dump import names
+from consistency.diagnose.normfit import looks_normed, norm_fit
 from consistency.dump.rows import origins
 
 MAX_ROWS = 4096  # disagreeing rows read whole (candidate, and the reference rows tried against them)
 MAX_REF_ROWS = 65_536  # reference rows searched for another row the candidate holds
 HOLD = 3.0  # a group holds a tensor within 3x the pair's noise floor at every row (stale.HOLD_ROW)
 SHOW = 6
+NORM_MIN_ROWS = 8  # a norm (with a fitted weight) is claimed for a group only on enough rows
+NORM_FIT_FLOORS = 2.0  # hypotheses.NORM_FIT_FLOORS
 
 
 @dataclass(frozen=True)
@@ -110,8 +112,8 @@ def _streams(ev: Evidence, r: Result) -> dict[int, Any]:
     out = {}
     assert r.ref is not None
     for n, v in ev.cmp.ref.tensors.items():
-        s = names.stream_of(n)
-        if s is not None and v.is_float and v.rows == r.ref.rows and v.cols == r.ref.cols:
+        s = ev.cmp.stream_of(n)  # a reference slot by what its values are (compare.refslots)
+        if s is not None and s not in out and v.is_float and v.rows == r.ref.rows and v.cols == r.ref.cols:
             out[s] = v
     return out
 
@@ -133,6 +135,12 @@ def _identify(ev: Evidence, r: Result, rows: np.ndarray, c: np.ndarray, tol: flo
         if float(_rel(c, delta).max()) <= tol:
             return ("RESIDUAL_MISSING", f"hold the block delta hidden.{want} - hidden.{want - 1} (the residual not "
                     f"added)", {"holds": f"hidden.{want} - hidden.{want - 1}"})
+    if len(rows) >= NORM_MIN_ROWS:
+        e = r.ref.take_rows(rows, np.float64)
+        d, kind, weighted = norm_fit(c, e)
+        if d <= NORM_FIT_FLOORS * tol / HOLD and looks_normed(c, e, d, tol / HOLD):
+            return ("NORM_APPLIED", f"hold the expected stream after {kind}{' with a weight' if weighted else ''} "
+                    "(a norm's output)", {"norm": kind, "weighted": weighted})
     if r.ref.rows <= MAX_REF_ROWS:
         j, dj = _nearest_rows(r.ref, c)
         if (dj <= tol).all() and (j != rows).all():
@@ -162,6 +170,17 @@ def _nearest_rows(ref: Any, c: np.ndarray, block: int = 4096) -> tuple[np.ndarra
         better = dj < best
         best[better], at[better] = dj[better], j[better] + a
     return at, best
+
+
+def provenance(ev: Evidence, r: Result, rows: list[int]) -> tuple[str, list[dict]]:
+    """' (decode rows from graph replays (...))' and the groups, for a finding that names
+    rows explained otherwise (STALE_ROWS)."""
+    if not rows or len(rows) > MAX_ROWS:
+        return "", []
+    gs = groups(ev.cmp, r, sorted(rows))
+    return (" -- " + "; ".join(f"{g.words()}: {len(g.rows)}" for g in gs),
+            [{"group": g.words(), "phase": g.phase, "graph": g.graph, "batch_sizes": list(g.sizes),
+              "rows": list(g.rows[:256]), "count": len(g.rows)} for g in gs])
 
 
 def explain(ev: Evidence, r: Result, label: str, base: dict, metrics: dict) -> Finding | None:
