@@ -25,7 +25,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from consistency.contract.models import AuxInfo
@@ -156,7 +155,3 @@ def candidate(d: Path, cause: str) -> Path:
     loop.cause = cause if cause != "stale" else None
     return _run(loop, d / f"{cause}.safetensors")
 
-
-def stitched_rows(path: Path) -> int:
-    with open_dump(path) as dump:
-        return int(sum(np.prod(v.shape[:1]) for k, v in dump.tensors.items() if k.split("#")[0] == "aux.0"))

@@ -13,7 +13,7 @@ import math
 from consistency.compare.engine import DRIFT_TOKEN_CAP, Comparison, Result, Status
 from consistency.compare.tolerance import AMBIGUOUS_RATIO, DRIFT_ERROR_FACTOR
 from consistency.contract.findings import Finding, Severity
-from consistency.diagnose import causes, draft_steps, hypotheses, partial, rownames, rowgroups, stale, words
+from consistency.diagnose import causes, draft_steps, hypotheses, partial, rowgroups, rownames, stale, words
 from consistency.diagnose.evidence import Evidence, Explanation
 from consistency.dump import names
 

@@ -16,12 +16,14 @@ one-line refusal (a file we did not write that way is not guessed at).
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
 from typing import Any
 
 from consistency.dump.reader import Dump, TensorView
 
 Tag = tuple[str | None, int | None, int | None] | None  # (graph label, batch size, replay); None: eager
+MAX_SKIP = 64  # passes of the right tag but another token count skipped before a capture fits none
 
 
 @dataclass
@@ -61,25 +63,35 @@ def _tag(d: Dump, key: str) -> Tag:
     return (g.label, g.batch_size, g.replay)
 
 
-def _assign(d: Dump, caps: list[tuple[int, TensorView]], sigs: list[list[Tag]], rows: list[int]) -> list[int] | None:
+def _index(sigs: list[list[Tag]]) -> dict[Any, list[int]]:
+    """Passes by exact tag, by (batch size, replay) and eager (None), each in order: one
+    lookup per capture (a dump of many captures never scans every pass per capture)."""
+    out: dict[Any, list[int]] = {}
+    for i, tags in enumerate(sigs):
+        for t in tags:
+            keys = [("eager",)] if t is None else [("tag", t), ("step", t[1], t[2])]
+            for key in keys:
+                got = out.setdefault(key, [])
+                if not got or got[-1] != i:
+                    got.append(i)
+    return out
+
+
+def _assign(caps: list[tuple[int, TensorView]], tags: list[Tag], index: dict[Any, list[int]],
+            rows: list[int]) -> list[int] | None:
     """The pass of each capture, in order: the next pass whose full names carry the same
     tag (the same graph and replay), else the same batch size and replay (another graph of
     the same step: a draft's graph beside the target's), eager with eager; the token count
     must be the pass's. None: some capture fits no pass."""
     out: list[int] = []
     at = 0
-    for _k, v in caps:
-        t = _tag(d, v.name)
+    for (_k, v), t in zip(caps, tags, strict=True):
         hit = None
-        for exact in (True, False):
-            for i in range(at, len(sigs)):
-                if v.rows != rows[i]:
-                    continue
-                if t is None and None in sigs[i] or t is not None and any(
-                        s is not None and (s == t if exact else s[1:] == t[1:]) for s in sigs[i]):
-                    hit = i
-                    break
-            if hit is not None or t is None:
+        for key in ([("eager",)] if t is None else [("tag", t), ("step", t[1], t[2])]):
+            cands = index.get(key, [])
+            j0 = bisect.bisect_left(cands, at)
+            hit = next((cands[j] for j in range(j0, min(len(cands), j0 + MAX_SKIP)) if rows[cands[j]] == v.rows), None)
+            if hit is not None:
                 break
         if hit is None:
             return None
@@ -94,32 +106,35 @@ def complete(d: Dump, groups: dict[str, list[tuple[int, TensorView]]],
     nothing needs it (every name complete) or the dump declares no drops. ``anchor`` (the
     token ids, else the positions) numbers the passes and gives each its token count."""
     drops = declared(d)
-    caps0 = groups.get(anchor)
-    if not drops or caps0 is None or any(len(v.shape) != 1 for _k, v in caps0):
+    if not drops or not groups:
         return None
-    rows = [v.rows for _k, v in caps0]
-    k = len(rows)
+    k = max(len(c) for c in groups.values())
+    full = sorted(b for b, c in groups.items() if len(c) == k)
+    first = anchor if anchor in full else full[0]
+    if any(len(v.shape) > 2 for _k, v in groups[first]):
+        return None
+    rows = [v.rows for _k, v in groups[first]]
     on_axis = {b for b, caps in groups.items() if len(caps) > 1 or b in drops or caps[0][1].rows == rows[0]}
     short = [b for b in on_axis if len(groups[b]) < k]
-    if not short or any(len(groups[b]) > k for b in on_axis):
-        return None
-    full = sorted(b for b in on_axis if len(groups[b]) == k)
-    if not full:
+    if not short:
         return None
     sigs = [[_tag(d, groups[b][i][1].name) for b in full] for i in range(k)]
+    index = _index(sigs)
     left = LeftOut(total=k)
     where: dict[str, list[int]] = {}
     for b in sorted(short):
-        got = _assign(d, groups[b], sigs, rows)
+        got = _assign(groups[b], [_tag(d, v.name) for _k, v in groups[b]], index, rows)
         if got is None:
             left.names.append(b)
         else:
             where[b] = got
-    keep = [i for i in range(k) if all(i in set(w) for w in where.values())]
+    held = [set(w) for w in where.values()]
+    keep = [i for i in range(k) if all(i in h for h in held)]
     for b, w in where.items():
         left.lacking[b] = k - len(w)
+    kept = set(keep)
     for i in range(k):
-        if i in keep:
+        if i in kept:
             continue
         left.passes += 1
         tags = [s for s in sigs[i] if s is not None]
