@@ -148,9 +148,10 @@ def _identify(ev: Evidence, r: Result, rows: np.ndarray, c: np.ndarray, tol: flo
             at = dict(zip(both, [o.position for o in origins(ev.cmp.ref, r.ref, both)], strict=True))
             same_pos = all(at[int(a)] is not None and at[int(a)] == at[int(b)] for a, b in zip(j, rows, strict=True))
             pairs = {int(a): int(b) for a, b in zip(rows, j, strict=True)}
-            shown = ", ".join(f"{b} at {a}" for a, b in list(pairs.items())[:SHOW])
+            shown = ", ".join(f"row {a} holds {b}" for a, b in list(pairs.items())[:SHOW])
             what = "another request's row at the same position" if same_pos else "other rows of the reference"
-            return "ROWS_SWAPPED", f"hold {what} (the reference's rows {shown})", {"holds_rows": pairs}
+            more = ", ..." if len(pairs) > SHOW else ""
+            return "ROWS_SWAPPED", f"hold {what} (compared {shown}{more})", {"holds_rows": pairs}
     return None
 
 
