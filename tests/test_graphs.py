@@ -167,10 +167,18 @@ def test_over_the_budget_is_said_once_per_graph_and_never_passes(tmp_path, capsy
         nr = d.metadata.extra["cuda_graphs"]["not_recorded"]
     reason = next(iter(nr))
     assert reason.startswith("over the graph-buffer budget") and nr[reason] == {"aux.1": STEPS, "aux.2": STEPS}
-    from consistency.errors import InputError
-
-    with pytest.raises(InputError, match="mismatched #k sequence"):  # counts differ: stitching refuses
-        compare(str(eager.written), str(small.written))
+    # compared what it holds: the bs-8 draft replays lack aux.1 and aux.2 (their aux.0 fits), paired by
+    # graph tags and replay numbers; those passes are left out, the rest compared, and it never passes
+    rep = compare(str(eager.written), str(small.written))
+    assert rep.verdict == "fail" and rep.summary.startswith("CAPTURES_DROPPED"), rep.summary
+    (drop,) = [f for f in rep.findings if f.code == "CAPTURES_DROPPED"]
+    eights = sum(1 for real in BATCHES if _padded(real) == 8) * STEPS
+    passes = len(BATCHES) * (1 + STEPS)
+    assert drop.metrics["left_out"] == {"passes": eights, "of": passes, "graphs": {"loop.draft, loop.target bs=8": eights},
+                                        "lacking": {"aux.1": eights, "aux.2": eights}, "names": []}
+    assert f"{eights} of {passes} forward passes (loop.draft, loop.target bs=8 x{eights}) lack aux.1, aux.2" \
+        in drop.message
+    assert [f.code for f in rep.findings if f.severity.value == "error"] == ["CAPTURES_DROPPED"]
 
 
 def test_a_whole_graph_left_out_fails_with_captures_dropped(tmp_path):
@@ -187,6 +195,23 @@ def test_a_whole_graph_left_out_fails_with_captures_dropped(tmp_path):
                                                             ("aux.0", "aux.1", "aux.2", "input_ids", "positions",
                                                              "request_ids")}
     assert rep.summary.startswith("CAPTURES_DROPPED")
+
+
+def test_a_budget_that_fits_the_target_graphs_but_not_every_draft_graph(tmp_path):
+    """The bs-8 draft graph over the budget whole (its target graph fits): aux.* have fewer
+    captures than input_ids, paired with the target's passes by batch size and replay number;
+    those passes are left out and said, the rest compared: CAPTURES_DROPPED, never exit 2."""
+    eager = _record(tmp_path / "eager.safetensors", None)
+    h = tiny("tiny-llama").config.hidden_size * 4
+    graphs.enable(hook_torch=False, budget_bytes=4 * 3 * 8 + 4 * 3 * h + 3 * 8 + 3 * h + 8 * 3 * 8)
+    small = _record(tmp_path / "small.safetensors", "emulate")
+    rep = compare(str(eager.written), str(small.written))
+    eights = sum(1 for real in BATCHES if _padded(real) == 8) * STEPS
+    (drop,) = [f for f in rep.findings if f.code == "CAPTURES_DROPPED"]
+    assert rep.verdict == "fail" and rep.summary.startswith("CAPTURES_DROPPED"), rep.summary
+    assert drop.metrics["left_out"]["lacking"] == {f"aux.{i}": eights for i in range(3)}
+    assert drop.metrics["left_out"]["graphs"] == {"loop.target bs=8": eights}
+    assert [f.code for f in rep.findings if f.severity.value == "error"] == ["CAPTURES_DROPPED"]
 
 
 def test_trim_cuts_dim0_by_tokens_or_batch_and_says_when_it_cannot():

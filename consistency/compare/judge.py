@@ -14,7 +14,7 @@ from collections import defaultdict
 
 import numpy as np
 
-from consistency.compare import identify, stream
+from consistency.compare import identify, rowbar, stream
 from consistency.compare.context import Context, key
 from consistency.compare.metrics import PairMetrics, exact_compare
 from consistency.compare.result import (CLEAR_BEST_RATIO, DRIFT_TOKEN_CAP, DRIFT_WITHOUT_GAP, MATCH_FACTOR,
@@ -95,7 +95,7 @@ def judge(ctx: Context, e: Entry, rw: Rows, pre: Verdict | None, m: PairMetrics 
         ident.best.distance <= MATCH_FACTOR * ctx.noise_floor(e.name, rw.ref, rw.cand, user=False)[0]
     strict_bad = tol.elementwise_strict and m.mismatched > 0
     per_row = m.per_row if m.per_row is not None else np.zeros(0)
-    bad = np.flatnonzero(per_row > TOKEN_FACTOR * floor) if per_row.size else np.zeros(0, dtype=np.int64)
+    bad = rowbar.bad_rows(per_row, floor, TOKEN_FACTOR, rw.ref)  # bounded by the distance between tokens too
     rest_ok = bool(per_row.size) and 0 < len(bad) <= MAX_BAD_FRACTION * per_row.size and \
         float(np.delete(per_row, bad).mean()) <= floor
     tolerated = False

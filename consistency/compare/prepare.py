@@ -143,9 +143,11 @@ def _context_dependent(r: Any) -> bool:
 
 
 def _within_noise(r: Any) -> bool:
+    """A slot whose rows all agree: one with bad rows (BAD_TOKENS, its first rows off after a
+    dropped BOS) is itself wrong and proves no context, however close its other rows are."""
     from consistency.compare.types import Status
 
-    return (r.status == Status.ok and not r.tolerated) or bool(r.matched)
+    return ((r.status == Status.ok and not r.tolerated) or bool(r.matched)) and r.status != Status.bad_tokens
 
 
 def _whole(al: TokenAlignment, ref_lay: Layout, cand_lay: Layout) -> bool:

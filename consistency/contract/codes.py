@@ -78,6 +78,11 @@ CODES: dict[str, CodeSpec] = {c.code: c for c in (
          "and compare against an eager recording to see which graph and replay",
          "SGLang PR #23037 and #35546 (outputs detached from graph buffers a later replay overwrites); "
          "TensorRT-LLM PR #18207 (stale static input buffers)"),
+    Code("ROWS_SWAPPED", _E, "some token rows hold another row of the reference (another request's row at the same "
+         "position) while the rest agree",
+         "check the runner's row index between the target's output and the draft's input (padded batches, request "
+         "order under CUDA graphs); compare against an eager recording to see which graph and batch size",
+         "tests/graph_loop.py padded_row: a row index sending a padded row to a real request's slot"),
     Code("PARTIAL_SHARD", _E, "a partial result of a parallel group: a tensor-parallel all-reduce or gather, or an "
          "expert-parallel MoE combine, is missing (the slot holds one rank's share of a block's output)",
          "capture after the all-reduce (or all-gather) of the tensor-parallel group and after the MoE combine: a "
@@ -305,6 +310,7 @@ _PROPERTIES: dict[str, dict[str, object]] = {
     "CAPTURES_DROPPED": {"leads": True, "unchecked": True},
     "TOKEN_INDEX_FALSE": {"leads": True},
     "STALE_ROWS": {"context_sensitive": True},
+    "ROWS_SWAPPED": {"context_sensitive": True},
 }
 for _code, _props in _PROPERTIES.items():
     CODES[_code] = replace(CODES[_code], **_props)  # type: ignore[arg-type]

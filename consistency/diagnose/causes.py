@@ -90,7 +90,7 @@ def zeroed(ev: Evidence, r: Result, label: str, base: dict, metrics: dict) -> Fi
         return Finding.make("ZERO_VALUES", f"{label} is all zeros on every sampled token; the reference is not "
                             f"(an unfilled capture buffer, or a capture that never ran)", metrics=metrics,
                             evidence={"columns": "all"}, **base)
-    zc = np.flatnonzero(~(c != 0).any(axis=0) & (e != 0).any(axis=0))
+    zc = np.flatnonzero(~(c != 0).any(axis=0) & (e != 0).any(axis=0) & ~_model_zero_columns(ev, r))
     if len(zc) == 0:
         return None
     cols = [int(i) for i in zc]
@@ -98,6 +98,21 @@ def zeroed(ev: Evidence, r: Result, label: str, base: dict, metrics: dict) -> Fi
                         f"sampled token where the reference is not: columns {_fmt_rows(cols)} (a missing gather of "
                         f"a column shard, or a partly written buffer)", metrics=metrics,
                         evidence={"columns": cols[:256], "count": len(cols)}, **base)
+
+
+def _model_zero_columns(ev: Evidence, r: Result) -> np.ndarray:
+    """Columns some recorded reference tensor of the slot's shape is zero in on every sampled
+    row: the model's own (a norm weight of 0 in one channel zeroes it in that norm's outputs
+    and every block delta after it), not a missing gather of a column shard."""
+    fp = ev.cmp.ref_fp.get(ev.key(r))
+    out = np.zeros(r.cand.cols, dtype=bool)
+    if fp is None:
+        return out
+    for n in fp.names:
+        x = fp.rows(n)
+        if x is not None and x.shape[1] == out.size and np.any(x):
+            out |= ~(x != 0).any(axis=0)
+    return out
 
 
 def zero_rows(ev: Evidence, r: Result, label: str, base: dict, metrics: dict) -> Finding | None:

@@ -118,6 +118,9 @@ def residual_missing(ev: Evidence, r: Result) -> Explanation | None:
     s = r.expected_stream if not r.post_norm else None
     if s is None or s == 0:
         return None
+    alone = _residual_alone(ev, r, c, s, before)
+    if alone is not None:
+        return alone
     best = _nearest_delta(ev, r, c, s)
     if best is not None:
         d, k, kind, name = best
@@ -150,6 +153,30 @@ def residual_missing(ev: Evidence, r: Result) -> Explanation | None:
 
 
 HOLD_EXACT = 3.0  # results.HOLD_FACTOR: an exact explanation leaves at most 3x the noise floor
+
+
+def _residual_alone(ev: Evidence, r: Result, c: np.ndarray, s: int, before: float) -> Explanation | None:
+    """A fused-residual runtime's ``residual`` alone after layer s-1: what enters its MLP,
+    stream s-1 plus the attention's output (or stream s minus the MLP's), without the MLP
+    output the layer returns as ``hidden_states``. Tried from what the reference records."""
+    prev, att = ev.ref(r, names.hidden(s - 1)), ev.ref(r, names.attn_out(s - 1))
+    cur, mlp = ev.ref(r, names.hidden(s)), ev.ref(r, names.mlp_out(s - 1))
+    got = [(prev + att, f"stream {s - 1} + attn_out.{s - 1}") if prev is not None and att is not None else None,
+           (cur - mlp, f"stream {s} - mlp_out.{s - 1}") if cur is not None and mlp is not None else None]
+    floor = ev.cmp.pair_floor(r, user=False)[0]
+    for x in got:
+        if x is None:
+            continue
+        after = token_distance(c, x[0])
+        if after <= HOLD_EXACT * floor and after < EXPLAINS_ALONE * before:
+            return Explanation("RESIDUAL_MISSING", f"holds the fused layer's residual alone ({x[1]}: what enters "
+                               f"layer {s - 1}'s MLP), without the MLP output it returns as hidden_states: "
+                               "hidden_states + residual not taken", before, after, None,
+                               {"layer": s - 1, "block": "MLP", "holds": x[1], "proof": "streams"})
+    return None
+
+
+EXPLAINS_ALONE = 0.25  # results.EXPLAINS
 
 
 def _nearest_delta(ev: Evidence, r: Result, c: np.ndarray, s: int) -> tuple[float, int, str, str] | None:
@@ -236,9 +263,16 @@ def norm_missing(ev: Evidence, r: Result) -> Explanation | None:
     noise = ev.cmp.pair_floor(r, user=False)[0]
     if not (_ref_is_normed(ev, r) or looks_normed(e, c, d, noise)) or not _exact_enough(ev, r, d):
         return None  # nothing says the expected tensor is a norm's output
-    raw = r.ident.best.name if r.ident and r.ident.best and names.parse(r.ident.best.name).kind == names.HIDDEN else None
-    return Explanation("NORM_MISSING", f"is the raw (pre-norm) stream{' ' + raw if raw else ''}; the expected tensor "
-                       f"is its {kind} output", before, d, raw, {"norm": kind, "weighted": weighted})
+    # the raw stream is named only when the values hold it: against an HF output_hidden_states
+    # reference (its last entry post-norm) the nearest recorded raw stream is N-1, not this one
+    best = r.ident.best if r.ident and r.ident.best and names.parse(r.ident.best.name).kind == names.HIDDEN else None
+    raw = best.name if best is not None and best.distance <= HOLD_EXACT * noise else None
+    n = ev._num_layers()
+    top = raw is None and n is not None and (r.expected_stream in (None, n))
+    what = f" {raw}" if raw else f" of the model's top (stream {n}), which the reference records only after its " \
+        f"norm" if top else ""
+    return Explanation("NORM_MISSING", f"is the raw (pre-norm) stream{what}; the expected tensor is its {kind} output",
+                       before, d, raw, {"norm": kind, "weighted": weighted, **({"stream": n} if top else {})})
 
 
 def token_shift(ev: Evidence, r: Result) -> Explanation | None:

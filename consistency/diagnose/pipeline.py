@@ -81,10 +81,11 @@ def run_request(req: CompareRequest) -> CompareReport:
 
             tokenizer = load_tokenizer(tokenizer)
         labels = (token_words.side_label(ref, "reference"), token_words.side_label(cand, "candidate"))
-        drops = dropped(ref, "reference") + dropped(cand, "candidate")  # before stitching: the recorders' own words
+        raw = (ref, cand)  # the recorders' own words are read from these, before stitching
         ref, cand, false_anchors = checked_anchors(ref, cand)  # claims checked before any row is paired by them
-        drops += false_anchors
         ref, cand, alignment = prepare(ref, cand, tokenizer, same_context_only=True)
+        # the recorders' own words (read before stitching), with what stitching could not pair
+        drops = dropped(raw[0], "reference", ref) + dropped(raw[1], "candidate", cand) + false_anchors
         cmp = compare(ref, cand, con, tol, progress=req.progress, declared=declared)
         alignment = context_by_values(alignment, cmp.results)  # a capture without positions: the values decide
         tok = token_words.findings(alignment, labels[0], labels[1], tokenizer)
@@ -263,11 +264,12 @@ def _appended(ids: list[int], n: int | None, convention: str | None, slots: int 
     return aux, ([why] if last is not None else [])
 
 
-def dropped(d: Any, side: str) -> list[Finding]:
+def dropped(d: Any, side: str, stitched: Any = None) -> list[Finding]:
     """CAPTURES_DROPPED when a dump's metadata says its recorder left captures out (a full
     host ring, a graph-buffer budget, a host value inside a CUDA graph, a capture it refused:
-    ``extra.refused_captures``): those rows were not
-    compared, so the verdict can never pass on them. Read defensively (a hostile file)."""
+    ``extra.refused_captures``): those rows were not compared, so the verdict can never pass
+    on them. Read defensively (a hostile file). ``stitched`` (the dump as compared) says which
+    forward passes pairing by graph tags left out (dump.passes): every name of a pass some name lacks."""
     from consistency.contract.findings import Finding
     from consistency.dump.sets import member_metadata
 
@@ -287,10 +289,12 @@ def dropped(d: Any, side: str) -> list[Finding]:
     shown = ", ".join(f"{k} x{v}" for k, v in sorted(counts.items())[:8]) + (", ..." if len(counts) > 8 else "")
     why = f" ({'; '.join(reasons[:4])})" if reasons else ""
     where = f" in {', '.join(files[:4])}{', ...' if len(files) > 4 else ''}" if len(members) > 1 else ""
+    left = _left_out(stitched)
     return [Finding.make("CAPTURES_DROPPED", f"the {side}'s recorder did not record {sum(counts.values())} "
-                         f"capture(s){where}{why}: {shown}; what they held was not compared",
+                         f"capture(s){where}{why}: {shown}; what they held was not compared{_left_words(left)}",
                          metrics={"dropped": dict(sorted(counts.items())[:64]), "side": side,
-                                  **({"files": files[:64]} if where else {})})]
+                                  **({"files": files[:64]} if where else {}),
+                                  **({"left_out": left} if left else {})})]
 
 
 def _losses(meta: Any) -> tuple[dict[str, int], list[str]]:
@@ -317,3 +321,26 @@ def _losses(meta: Any) -> tuple[dict[str, int], list[str]]:
     if isinstance(graph, dict):
         reasons = [str(r)[:120] for r in list(graph)[:4]] + reasons
     return counts, reasons
+
+
+def _left_out(stitched: Any) -> dict | None:
+    meta = getattr(stitched, "metadata", None)
+    st = meta.extra.get("stitched") if meta is not None and isinstance(meta.extra, dict) else None
+    got = st.get("left_out") if isinstance(st, dict) else None
+    return got if isinstance(got, dict) else None
+
+
+def _left_words(left: dict | None) -> str:
+    """Which passes pairing by graph tags left out, and which names fit no pass."""
+    if not left:
+        return ""
+    out = ""
+    if left.get("passes"):
+        where = ", ".join(f"{g} x{n}" for g, n in left.get("graphs", {}).items())
+        lack = ", ".join(sorted(left.get("lacking", {})))
+        out += (f"; the rest paired by graph tags and replay numbers: {left['passes']} of {left['of']} forward "
+                f"passes ({where}) lack {lack} and were left out for every name, the other "
+                f"{left['of'] - left['passes']} compared")
+    if left.get("names"):
+        out += f"; {', '.join(left['names'])} fit no forward pass by their graph tags and were not compared at all"
+    return out

@@ -13,7 +13,7 @@ import math
 from consistency.compare.engine import DRIFT_TOKEN_CAP, Comparison, Result, Status
 from consistency.compare.tolerance import AMBIGUOUS_RATIO, DRIFT_ERROR_FACTOR
 from consistency.contract.findings import Finding, Severity
-from consistency.diagnose import causes, draft_steps, hypotheses, partial, rownames, stale, words
+from consistency.diagnose import causes, draft_steps, hypotheses, partial, rowgroups, rownames, stale, words
 from consistency.diagnose.evidence import Evidence, Explanation
 from consistency.dump import names
 
@@ -94,9 +94,13 @@ def finding(ev: Evidence, r: Result) -> tuple[list[Finding], int | None]:
     if zero is not None:
         return [zero], None
     if r.status == Status.bad_tokens and (x := stale.bad_rows_stale(ev, r)) is not None:  # the named rows are stale
-        return [Finding.make(x.code, f"{label} {x.message}", identified_as=cmp.canonical(x.identified_as),
-                             metrics=metrics, evidence={"before": _g(x.before), "after": _g(x.after), **x.detail},
+        where, groups = rowgroups.provenance(ev, r, x.detail.get("stale_rows", []))
+        return [Finding.make(x.code, f"{label} {x.message}{where}", identified_as=cmp.canonical(x.identified_as),
+                             metrics=metrics, evidence={"before": _g(x.before), "after": _g(x.after), **x.detail,
+                                                        **({"row_groups": groups} if groups else {})},
                              **base)], r.expected_stream
+    if r.status == Status.bad_tokens and (g := rowgroups.explain(ev, r, label, base, metrics)) is not None:
+        return [g], r.expected_stream  # each group of disagreeing rows, by provenance, holds something known
     if r.status == Status.bad_tokens:
         return [causes.bad_tokens(ev, r, label, base, metrics)], r.expected_stream
     return _explain(ev, r, label, base, metrics)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from consistency.compare.engine import Result
+from consistency.compare.rowbar import NEIGHBOUR_SHARE
 from consistency.diagnose.evidence import Evidence, Explanation
 
 MAX_STALE = 16  # how many rows back a stale row may be
@@ -22,22 +23,28 @@ HOLD_ROW = 3.0  # a row "agrees" within 3x the slot's noise floor (engine.HOLD_F
 
 
 def _earlier(ev: Evidence, r: Result, c: np.ndarray, idx: np.ndarray, same: np.ndarray,
-             tol: float) -> tuple[np.ndarray, np.ndarray] | None:
-    """Per row: the distance to the nearest earlier reference row that matches (inf: none), and how far back."""
+             tol: float) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """Per row: the distance to the nearest earlier reference row that matches (inf: none), how
+    far back, and the bar each row was held to. A row holds an earlier row when it is within
+    the floor of it *and* half as far from it as from its own row (compare.rowbar): on a
+    model with massive activations neighbouring rows are closer than the floor, so the floor
+    alone would neither tell a stale row from a fresh one nor find it."""
     assert r.ref is not None
+    bar = np.minimum(tol, NEIGHBOUR_SHARE * same)
     back = np.full(len(idx), np.inf)
     lag = np.zeros(len(idx), dtype=np.int64)
     for k in range(1, MAX_STALE + 1):
-        todo = (same > tol) & (back > tol) & (idx >= k)
+        todo = (back > bar) & (idx >= k) & (same > 0)
         if not todo.any():
             break
         earlier = ev.ref_rows_at(r.ref.name, idx[todo] - k)
         if earlier is None:
             return None
         d = _row_rel(c[todo], earlier)
-        hit = np.flatnonzero(todo)[d <= tol]
-        back[hit], lag[hit] = d[d <= tol], k
-    return back, lag
+        ok = d <= bar[todo]
+        hit = np.flatnonzero(todo)[ok]
+        back[hit], lag[hit] = d[ok], k
+    return back, lag, bar
 
 
 def _explanation(before: float, after: float, rows: list[int], of: int, lags: list[int], name: str,
@@ -65,9 +72,9 @@ def bad_rows_stale(ev: Evidence, r: Result) -> Explanation | None:
     tol = HOLD_ROW * max(ev.cmp.pair_floor(r)[0], 1e-12)
     same = _row_rel(c, e)
     found = _earlier(ev, r, c, idx, same, tol)
-    if found is None or not (found[0] <= tol).all():
+    if found is None or not (found[0] <= found[2]).all():
         return None
-    back, lag = found
+    back, lag, _bar = found
     before = float(same.mean())
     return _explanation(before, float(back.mean()), [int(i) for i in idx], int(r.metrics.per_row.size),
                         sorted({int(x) for x in lag}), r.ref.name, sampled=False)
@@ -86,8 +93,8 @@ def stale_rows(ev: Evidence, r: Result) -> Explanation | None:
     found = _earlier(ev, r, c, idx, same, tol)
     if found is None:
         return None
-    back, lag = found
-    stale = (same > tol) & (back <= tol)
+    back, lag, bar = found
+    stale = back <= bar
     if not stale.any() or not ((same <= tol) | stale).all():
         return None
     after = float(np.where(stale, back, same).mean())

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from consistency.dump import names
+from consistency.dump import names, passes
 from consistency.dump.reader import Dump, TensorView
 from consistency.dump.segments import Segment, Verify, by_positions, by_request
 from consistency.dump.rows import ConcatView, RowView, ViewDump, array_view
@@ -135,10 +135,19 @@ def _requests(d: Dump) -> int:
     return len({k[0] for k in keys}) if keys and len(keys[0]) == 2 else 0
 
 
-def layout(d: Dump) -> Layout:
+def complete_groups(d: Dump) -> tuple[dict[str, list[tuple[int, TensorView]]], passes.LeftOut | None]:
+    """The dump's capture groups; where its recorder declares captures it did not record,
+    renumbered to the passes every name holds (dump.passes), with what was left out."""
+    groups = _groups(d)
+    anchor = names.INPUT_IDS if names.INPUT_IDS in groups else POSITIONS
+    got = passes.complete(d, groups, anchor)
+    return (groups, None) if got is None else got
+
+
+def layout(d: Dump, grouped: tuple[dict, passes.LeftOut | None] | None = None) -> Layout:
     """Segments of the dump's captures (see the module docstring); no tensor data is read
     except the ids, positions and request ids."""
-    groups = _groups(d)
+    groups = (grouped or complete_groups(d))[0]
     ids_caps = groups.get(names.INPUT_IDS)
     k = max(len(c) for c in groups.values())
     per_pass: list[int] | None = None
@@ -245,10 +254,10 @@ def stitch(d: Dump) -> tuple[Dump, Layout]:
     Returns the dump unchanged (and a one-segment layout) when it holds single captures
     and no layout tensors. Layout tensors (positions, request ids) are consumed, not kept.
     """
-    lay = layout(d)
+    groups, left = grouped = complete_groups(d)
+    lay = layout(d, grouped)
     if not needs_stitching(d) and lay.source == "capture order":
         return d, lay
-    groups = _groups(d)
     order = np.asarray([r for s in lay.segments for r in s.rows], dtype=np.int64)
     tensors: dict[str, TensorView] = {}
     joins: dict[str, tuple[list[str], np.ndarray]] = {}  # stitched name -> (capture keys, row order)
@@ -275,17 +284,21 @@ def stitch(d: Dump) -> tuple[Dump, Layout]:
             if v.rows != n:
                 raise InputError(d.path, f"tensor {v.name!r} has {v.rows} rows but its forward pass has {n} token ids "
                                  f"(ids without states, or states without ids)")
-        joins[base] = ([base if k == 1 else f"{base}#{k}" for k, _v in caps], order)
+        joins[base] = ([base if k == 1 else f"{base}#{k}" for k, _v in caps] if left is None
+                       else [v.name for _k, v in caps], order)
         joined = views[0] if len(views) == 1 else ConcatView.of(views, base)
         tensors[base] = RowView.of(joined, order, base) if not _identity(order) else _renamed(joined, base)
     meta = (d.metadata.model_copy(deep=True) if d.metadata else None)
     if meta is not None:
         meta.tensors = {k: v for k, v in meta.tensors.items() if k in tensors}
         meta.extra["stitched"] = {"captures": lay.captures, "source": lay.source, "segments": len(lay.segments),
-                                  "tokens": lay.tokens, **({"verify": lay.verify.as_dict()} if lay.verify.any else {})}
+                                  "tokens": lay.tokens, **({"verify": lay.verify.as_dict()} if lay.verify.any else {}),
+                                  **({"left_out": left.as_dict()} if left is not None else {})}
     out = ViewDump(d, tensors, meta, fmt=f"{d.format} ({lay.captures} captures stitched)")
     out.joins = joins  # rank_views of a tensor-parallel set follow the same stitch
-    out.pass_positions = lay.pass_positions  # naming a compared row by its capture and position (dump.rows.origin)
+    # naming a compared row by its capture and position (dump.rows.origin); a file's #k is no
+    # longer pass k once passes were left out, so its rows are named without a position
+    out.pass_positions = lay.pass_positions if left is None else None
     return out, lay
 
 
