@@ -40,6 +40,16 @@ class LazyGroup(click.Group):
         mod, fn, _help = COMMANDS[name]
         return getattr(importlib.import_module(mod), fn)
 
+    def resolve_command(self, ctx: click.Context, args: list[str]) -> tuple:  # type: ignore[type-arg]
+        """A mistyped command (``consistency comapre``) names the one it was probably meant to be."""
+        name = args[0] if args else ""
+        if args and self.get_command(ctx, name) is None and not name.startswith("-"):
+            from consistency.errors import did_you_mean
+
+            ctx.fail(f"No such command {name!r} (commands: {', '.join(self.list_commands(ctx))})"
+                     f"{did_you_mean(name, self.list_commands(ctx))}")
+        return super().resolve_command(ctx, args)
+
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         rows = [(n, COMMANDS[n][2]) for n in self.list_commands(ctx)]
         if rows:
