@@ -85,6 +85,13 @@ def _no_pydantic_plugin_scan() -> None:
         os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
 
 
+def _is_path(word: str) -> bool:
+    try:
+        return os.path.exists(word)
+    except (OSError, ValueError):  # a name too long, a NUL: not a file we were given
+        return False
+
+
 def run(argv: list[str] | None = None) -> None:
     """Console-script entry: map user errors to exit code 2 with one line, no traceback."""
     from consistency.errors import ConsistencyError
@@ -129,7 +136,8 @@ def run(argv: list[str] | None = None) -> None:
         if dep is not None:  # an optional dependency missing on this command's path: the pip line
             click.echo(f"consistency: error: {dep}", err=True)  # our text only
             sys.exit(dep.exit_code)
-        args = " ".join(a for a in (argv if argv is not None else sys.argv[1:]) if not a.startswith("-"))
+        # the command and the files it was given, never other values (a prompt, a pattern) whole
+        args = " ".join(words[:1] + [a for a in words[1:] if _is_path(a)])
         args = args if len(args) <= 200 else args[:200] + "..."
         msg = " ".join(f"{type(e).__name__}: {e}".split())
         msg = msg if len(msg) <= 400 else msg[:400] + "..."
