@@ -12,7 +12,12 @@ Sets:
   recording training streams [0, 3, 31] (the seed story's);
 - ``dumps``: ``train.safetensors`` and ``serve.safetensors`` of the tutorial (the built-in
   tiny Llama, training streams [0, 3, 7], SGLang 0.5.5 serving ids [2, 6, 9] in bf16), and
-  ``ref.safetensors`` (a copy of the training dump).
+  ``ref.safetensors`` (a copy of the training dump); ``serve.npz``, the fixed serving side
+  (streams [0, 3, 7], bf16), and ``contract.yaml`` naming those streams;
+- ``gate``: ``consistency.toml`` with two lints of the seed's draft, fixed (passes) and as
+  served (fails);
+- ``hostile-ckpt``: ``data_0.ckpt``, a SpecForge record whose pickle would run a command, and
+  the ``dumps`` set (its ``serve.safetensors``).
 """
 
 from __future__ import annotations
@@ -62,8 +67,37 @@ def dumps(here: Path) -> None:
     record_serving(served, ids, here / "serve.safetensors", streams, native_ids=[2, 6, 9], convention="sglang@0.5.5",
                    runtime="sglang@0.5.5", force=True)
     shutil.copyfile(here / "train.safetensors", here / "ref.safetensors")
+    # the fixed serving side, as npz, and a contract of the streams training used
+    fixed = load_model("tiny-llama", dtype="bfloat16")
+    record_serving(fixed, ids, here / "serve.npz", train, native_ids=train, convention="stream", force=True)
+    (here / "contract.yaml").write_text("target: {num_layers: 12, hidden_size: 64}\nslots:\n  - {stream: 0}\n"
+                                        "  - {stream: 3}\n  - {stream: 7}\n")
+
+
+def hostile_ckpt(here: Path) -> None:
+    """``data_0.ckpt``: a SpecForge-shaped torch.save whose pickle would run ``os.system``."""
+    import os
+
+    import torch
+
+    class Payload:
+        def __reduce__(self):  # noqa: ANN204
+            return (os.system, ("touch pwned",))
+
+    torch.save({"aux_hidden_state": torch.zeros(1, 4, 24), "evil": Payload()}, here / "data_0.ckpt")
+
+
+def gate(here: Path) -> None:
+    """``consistency.toml`` of two lints of the seed's Kimi-K2.5 draft: as served (fails) and fixed (passes)."""
+    fx = ROOT / "fixtures" / "configs"
+    target = fx / "targets" / "kimi-k2.5.json"
+    checks = [("kimi-fixed", "kimi-k2.5-eagle3-fixed.json", "sglang@0.5.23"),
+              ("kimi-seed", "kimi-k2.5-eagle3-seed.json", "sglang@0.5.12")]
+    (here / "consistency.toml").write_text("".join(
+        f'[[lint]]\nname = "{name}"\ndraft = "{fx / "drafts" / "sglang" / draft}"\ntarget = "{target}"\n'
+        f'runtime = "{runtime}"\ntrained_with = "stream:0,3,31"\n\n' for name, draft, runtime in checks))
 
 
 if __name__ == "__main__":
     for name in sys.argv[1:]:
-        {"configs": configs, "dumps": dumps}[name](Path.cwd())
+        {"configs": configs, "dumps": dumps, "hostile-ckpt": hostile_ckpt, "gate": gate}[name](Path.cwd())
