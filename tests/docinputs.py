@@ -98,6 +98,36 @@ def gate(here: Path) -> None:
         f'runtime = "{runtime}"\ntrained_with = "stream:0,3,31"\n\n' for name, draft, runtime in checks))
 
 
+SETS = {"configs": configs, "dumps": dumps, "hostile-ckpt": hostile_ckpt, "gate": gate}
+
+
+def build(name: str, here: Path, cache: Path | None) -> None:
+    """The set in ``here``; built once per ``cache`` (``dumps`` records two models: seconds) and
+    copied from there for every later page."""
+    if cache is None:
+        SETS[name](here)
+        return
+    done = cache / name
+    if not (done / ".complete").is_file():
+        tmp = cache / f".{name}.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        SETS[name](tmp)
+        (tmp / ".complete").write_text("")
+        shutil.rmtree(done, ignore_errors=True)
+        tmp.rename(done)
+    for src in done.iterdir():
+        if src.name == ".complete":
+            continue
+        dst = here / src.name
+        if src.is_dir():
+            shutil.copytree(src, dst, dirs_exist_ok=True)
+        else:
+            shutil.copyfile(src, dst)
+
+
 if __name__ == "__main__":
+    # the pages run from out/docs/<page>/: out/docs/.inputs keeps each set for the next page
+    root = next((p for p in [Path.cwd(), *Path.cwd().parents] if p.name == "out"), None)
     for name in sys.argv[1:]:
-        {"configs": configs, "dumps": dumps, "hostile-ckpt": hostile_ckpt, "gate": gate}[name](Path.cwd())
+        build(name, Path.cwd(), root / "docs" / ".inputs" if root is not None else None)
