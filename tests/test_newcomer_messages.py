@@ -129,3 +129,24 @@ def test_an_unexpected_error_line_names_the_files_but_never_echoes_other_values(
     from consistency.cli import _is_path
 
     assert _is_path(str(tmp)) and not _is_path("hello there") and not _is_path("x" * 5000) and not _is_path("a\0b")
+
+
+@pytest.mark.parametrize("args, meant", [
+    (["compare", "{a}", "{b}", "--consumer", "eagel3"], "did you mean eagle3?"),
+    (["lint", "--format", "jsno"], "did you mean json?"),
+    (["lint", "--target", "{target}", "--runtime", "sgalng@0.5.5"], "did you mean sglang@0.5.5?"),
+    (["lint", "--target", "{target}", "--select", "IDSS"], "did you mean IDS?"),
+])
+def test_every_name_the_cli_takes_suggests_the_one_meant(tmp: Path, args: list[str], meant: str) -> None:
+    from tests.conftest import ROOT
+
+    a, b = _dumps(tmp)
+    target = ROOT / "fixtures" / "configs" / "targets" / "kimi-k2.5.json"
+    r = run_cli(*[x.format(a=a, b=b, target=target) for x in args])
+    assert r.returncode == 2 and r.stderr.rstrip().endswith(meant), r.stderr
+
+
+def test_a_bad_tolerance_names_the_rule_and_its_form(tmp: Path) -> None:
+    a, b = _dumps(tmp)
+    err = _one_line(run_cli("compare", a, b, "--tolerance", "aux=abc"))
+    assert "'aux=abc'" in err and "REGEX=FLOOR" in err, err

@@ -85,6 +85,19 @@ def _no_pydantic_plugin_scan() -> None:
         os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
 
 
+def _suggest_choice(e: click.ClickException) -> None:
+    """A value outside an option's choices (``--consumer eagel3``) names the choice it was
+    probably meant to be, as a mistyped command or convention does."""
+    import re
+
+    from consistency.errors import did_you_mean
+
+    choice = getattr(getattr(e, "param", None), "type", None)
+    m = re.match(r"'(.*?)' is not one of", e.message) if isinstance(choice, click.Choice) else None
+    if m is not None:
+        e.message = e.message.rstrip(".") + did_you_mean(m.group(1), [str(c) for c in choice.choices])
+
+
 def _is_path(word: str) -> bool:
     try:
         return os.path.exists(word)
@@ -110,6 +123,8 @@ def run(argv: list[str] | None = None) -> None:
         sys.exit(2)
     except click.ClickException as e:  # click echoes argv (a file name a glob found) raw: made inert
         import io
+
+        _suggest_choice(e)
 
         from consistency.escape import term
 

@@ -260,7 +260,8 @@ def parse_runtime(spec: str, allowed: Sequence[str], flag: str = "--runtime") ->
     except ValueError as exc:
         raise UsageError(f"{flag} {spec!r}: {exc}") from None
     if rs.name not in allowed:
-        raise UsageError(f"{flag} {spec!r}: expected {' or '.join(f'{a}@VERSION' for a in allowed)}")
+        raise UsageError(f"{flag} {spec!r}: expected {' or '.join(f'{a}@VERSION' for a in allowed)}"
+                         f"{did_you_mean(spec, allowed)}")
     try:
         check_version(rs.name, rs.version)
     except ValueError as exc:
