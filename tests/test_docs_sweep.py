@@ -192,3 +192,36 @@ def test_a_rule_page_example_prints_what_the_page_shows(page: Path, tmp_path: Pa
             hits = [f for f in found if f["severity"] == sev and f["code"] == shown_code and _contains(f["message"], msg)]
             assert hits, (f"{page.name}: not printed: {line[:200]}", [f["message"] for f in found if f["code"] == shown_code])
             last = hits[0]
+
+
+# -- api.md's pytest example: the block runs, its AssertionError is the one the page shows ------------
+
+def test_the_pytest_example_of_api_md_fails_as_the_page_shows(tmp_path: Path) -> None:
+    """The page showed ``expected aux.0 (stream 1)`` where the tool says ``hidden.1``. The
+    example's two names a reader supplies are built here: a tiny Llama, and a "runtime" that
+    captures the streams one layer later than training used (the SGLang +1 family)."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    import consistency
+    from tests.conftest import prompt_ids, tiny
+
+    page = ROOT / "docs" / "api.md"
+    bl = blocks(page)
+    i = next(k for k, b in enumerate(bl) if "def test_serving_capture_matches_training" in b.body)
+    code, shown = bl[i].body, bl[i + 1].body.splitlines()
+    model = tiny("tiny-llama")
+    ids = prompt_ids(model, 32)
+
+    def my_runtime_capture(model, ids):  # noqa: ANN001, ANN202 - the page's own signature
+        with torch.no_grad():
+            hs = model(torch.as_tensor(ids)[None], output_hidden_states=True).hidden_states
+        return {"aux.0": hs[2][0], "aux.1": hs[4][0]}  # streams [2, 4]; training records [1, 3]
+
+    ns = {"consistency": consistency, "model": model, "ids": ids, "my_runtime_capture": my_runtime_capture}
+    exec(compile(code, f"{page}:{bl[i].line}", "exec"), ns)  # noqa: S102 - our own page
+    with pytest.raises(AssertionError) as exc:
+        ns["test_serving_capture_matches_training"](tmp_path)
+    real = _collapse(f"AssertionError: {exc.value}")
+    lost = [ln for ln in shown if ln.strip() not in ("E", "...")
+            and not _contains(real, re.sub(r"^E\s*", "", ln))]
+    assert not lost, (lost, str(exc.value)[:3000])
