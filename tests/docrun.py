@@ -27,7 +27,7 @@ from pathlib import Path
 
 _BLOCK = re.compile(r"^```console\n(.*?)^```", re.S | re.M)
 _FENCE = re.compile(r"^```([^\n`]*)\n(.*?)^```", re.S | re.M)
-NOT_RUN = re.compile(r"^\*Not run by the docs test: (?P<why>[^*\n][^*]*?)\.?\*\s*$")
+NOT_RUN = re.compile(r"^\*Not run by the docs test: (?P<why>.+?)\.?\*\s*$")
 _SETUP = re.compile(r"^<!-- docs-test setup: (.+?) -->$", re.M)
 _HEREDOC = re.compile(r"<<-?\s*'?(\w+)'?")
 _TIMING = re.compile(r"\d+(\.\d+)? m?s\b")  # "0.02 s", "5 ms": how long a run took is never the same twice

@@ -9,7 +9,6 @@ import pytest
 
 from consistency.diagnose.pipeline import run as run_compare
 from consistency.contract.findings import CompareReport
-from consistency.record.api import record_reference, record_serving
 from tests.conftest import prompt_ids, recorded, run_cli, tiny
 
 
