@@ -118,13 +118,33 @@ def test_every_option_of_every_command_is_on_its_page() -> None:
     assert not missing, missing
 
 
-def test_the_installed_wheel_test_runs_every_page_with_a_runnable_command() -> None:
+def _doc_pages() -> list[Path]:
+    """The pages with a runnable command, but the rule pages (run below, on their scenarios) and
+    the tutorial (tests/test_newcomer.py runs it, with the README, on the installed wheel)."""
     from tests.test_newcomer import PAGES
 
-    want = {p for p in DOCS if p.parent.name != "rules" and commands(p, runnable_only=True)}
-    assert want <= set(PAGES) and len(PAGES) == len(set(PAGES)), sorted(map(_rel, want - set(PAGES)))
-    assert {_rel(p) for p in PAGES} >= {"docs/lint.md", "docs/commands.md", "docs/report.md", "docs/ci.md",
-                                             "docs/conventions.md", "docs/replay.md", "docs/integrations/specforge.md"}
+    return [p for p in DOCS if p.parent.name != "rules" and p not in PAGES and commands(p, runnable_only=True)]
+
+
+@pytest.mark.slow
+def test_every_docs_page_prints_what_it_shows(tmp_path: Path) -> None:
+    """Each page's commands, in order, in one shell per page, from a copy of the checkout
+    (tests/test_newcomer.run_pages: exit codes, shown lines, no traceback, nothing written
+    outside out/), with this environment's ``consistency`` on PATH."""
+    import os
+    import sys
+
+    from tests.test_newcomer import _env, run_pages
+
+    env = _env()
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    run_pages(_doc_pages(), tmp_path, env, at_least=20)
+
+
+def test_every_page_with_a_runnable_command_is_run() -> None:
+    pages = {_rel(p) for p in _doc_pages()}
+    assert pages >= {"docs/lint.md", "docs/commands.md", "docs/report.md", "docs/ci.md",
+                                             "docs/conventions.md", "docs/replay.md", "docs/integrations/specforge.md"}, pages
 
 
 # -- the rule pages: each example runs on its rule's failing scenario -------------------------------

@@ -5,8 +5,8 @@ the local wheel through ``--find-links``) into fresh venvs, as a user would: its
 dependencies resolved by pip, torch as the CPU pin ``torch==2.13.0`` (a local wheel here;
 a bare ``torch`` would be the multi-GB CUDA build). Then:
 
-- with the ``[hf]`` extra, every ``$ command`` of README.md, the tutorial and every page of
-  docs/ (but those a page marks as not run, with its reason: tests/test_docs_sweep.py) runs in a copy
+- with the ``[hf]`` extra, every ``$ command`` of README.md and the tutorial (but those a page
+  marks as not run, with its reason; the other pages: tests/test_docs_sweep.py) runs in a copy
   of the checkout that holds no ``consistency/`` source (so each command uses the installed
   wheel), in order, in one shell; each exits as its shown output implies, prints every line
   the page shows (docrun.missing), and writes nothing outside the git-ignored ``out/``;
@@ -40,11 +40,9 @@ from consistency import DIST, __version__
 from tests.conftest import ROOT
 from tests.docrun import Command, commands, missing, run_page, setup
 
-# README and the tutorial first (a reader's first hour), then every page of docs/ with a command
-# the sweep runs (tests/test_docs_sweep.py; the rule pages' examples run there, on their scenarios)
-PAGES = [ROOT / "README.md", ROOT / "docs" / "tutorial-low-acceptance.md",
-         *[p for p in sorted((ROOT / "docs").rglob("*.md")) if p.parent.name != "rules"
-           and p.name != "tutorial-low-acceptance.md" and commands(p, runnable_only=True)]]
+# a reader's first hour; every other page of docs/ runs in tests/test_docs_sweep.py (in this
+# environment, in parallel with this test: the wheel's install is proven here once)
+PAGES = [ROOT / "README.md", ROOT / "docs" / "tutorial-low-acceptance.md"]
 TORCH_PIN = "torch==2.13.0"  # the CPU wheel (scripts/test, scripts/demo)
 CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 
@@ -226,17 +224,25 @@ def test_core_install_by_name_runs_without_torch_and_its_hints_name_us(tmp_path:
 
 
 @pytest.mark.slow
-def test_hf_install_by_name_runs_every_command_of_the_readme_and_the_docs(tmp_path: Path) -> None:
-    venv, took = _venv(tmp_path, "hf")
+def test_hf_install_by_name_runs_every_command_of_the_readme_and_the_tutorial(tmp_path: Path) -> None:
+    venv, _took = _venv(tmp_path, "hf")
+    run_pages(PAGES, tmp_path, _env(venv), at_least=30)
+
+
+def run_pages(pages: list[Path], tmp_path: Path, env: dict[str, str], at_least: int) -> None:
+    """Every runnable command of ``pages`` (each page in its own shell, after its setup lines)
+    in a copy of the checkout without the package source: exit codes as the shown output
+    implies, every shown line printed, no traceback, no install line naming another
+    distribution, nothing written outside ``out/`` and nothing edited."""
     work = _checkout_copy(tmp_path)
     before = _snapshot(work)
     assert "/out/" in (work / ".gitignore").read_text().split()  # where the pages write
     problems, ran_total = [], 0
-    for page in PAGES:
+    for page in pages:
         cmds = commands(page, runnable_only=True)
-        assert len(cmds) >= (5 if page in PAGES[:2] else 1), (page, len(cmds))
+        assert cmds, page
         pre = [Command(s, [], str(page), 0) for s in setup(page)]  # the inputs the page assumes (docinputs.py)
-        ran = run_page(pre + cmds, work, _env(venv), timeout=1500)
+        ran = run_page(pre + cmds, work, env, timeout=1500)
         assert len(ran) == len(pre) + len(cmds), f"{page.name}: the shell stopped at {ran[-1].command.text[:80]!r}"
         problems += [f"{page.name}: setup {r.command.text[:80]!r} failed: {r.stderr[-400:]}" for r in ran[:len(pre)]
                      if r.rc != 0]
@@ -256,4 +262,4 @@ def test_hf_install_by_name_runs_every_command_of_the_readme_and_the_docs(tmp_pa
     littered = sorted(p for p in set(after) - set(before) if not p.startswith("out/"))
     changed = sorted(p for p in set(before) & set(after) if before[p] != after[p])
     assert not littered and not changed, (littered[:20], changed[:20])  # nothing outside out/, nothing edited
-    assert ran_total >= 60, ran_total
+    assert ran_total >= at_least, ran_total
