@@ -175,9 +175,13 @@ def _place(tmp: Path, code: str, args: list[str]) -> None:
         shutil.copyfile(fx / "targets" / "kimi-k2.5.json", paths["target"])
     for flag, key in (("--draft", "draft"), ("--target", "target")):
         if flag in args and paths[key]:
-            dst = tmp / args[args.index(flag) + 1]
+            name = args[args.index(flag) + 1]
+            dst, fixture = tmp / name, ROOT / name
             dst.parent.mkdir(parents=True, exist_ok=True)
-            shutil.move(paths[key], dst)
+            if name.startswith("fixtures/") and fixture.exists():  # the page names a repository fixture: that one
+                (shutil.copytree if fixture.is_dir() else shutil.copyfile)(fixture, dst)
+            else:
+                shutil.move(paths[key], dst)
     if "--trained-with" in args and args[args.index("--trained-with") + 1].endswith(".safetensors"):
         import numpy as np
 
