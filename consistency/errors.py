@@ -6,6 +6,7 @@ can print ``path: problem`` without a traceback and CI logs stay one line per fa
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 from types import ModuleType
 
@@ -38,6 +39,21 @@ class InputError(ConsistencyError):
 
 class UsageError(ConsistencyError):
     """Arguments that contradict each other or name nothing usable."""
+
+
+def did_you_mean(word: str, names: Iterable[str]) -> str:
+    """``"; did you mean X?"`` for the closest of ``names`` to a mistyped ``word``, else "".
+
+    Every place the command line takes a name (a subcommand, a convention, a consumer, a
+    built-in model) ends its refusal with this, so a typo costs one reading, not a search."""
+    import difflib
+
+    pool = [str(n) for n in names]
+    close = difflib.get_close_matches(str(word), pool, n=1, cutoff=0.6)
+    if not close:  # "sglang@0.5.5" typed as "sglnag@0.5.5": match the name before the version
+        head, sep, tail = str(word).partition("@")
+        close = [c + sep + tail for c in difflib.get_close_matches(head, pool, n=1, cutoff=0.6)] if sep else []
+    return f"; did you mean {close[0]}?" if close else ""
 
 
 class OutputExistsError(ConsistencyError):

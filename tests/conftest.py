@@ -27,6 +27,52 @@ def tiny(name: str = "tiny-llama", seed: int = 0):  # noqa: ANN201
     return copy.deepcopy(_model(name, seed))
 
 
+@lru_cache(maxsize=None)
+def _record_source_digest() -> str:
+    """What a recording depends on besides its arguments: the recorder's and writer's source,
+    and the torch/transformers that run the model."""
+    import hashlib
+
+    import torch
+    import transformers
+
+    h = hashlib.sha256(f"{torch.__version__} {transformers.__version__}".encode())
+    pkg = ROOT / "consistency"
+    for f in sorted([*(pkg / "record").rglob("*.py"), *(pkg / "dump").rglob("*.py"), *(pkg / "contract").rglob("*.py")]):
+        h.update(f.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def recorded(kind: str, arch: str, ids, path: "str | Path", *args, seed: int = 0, **kw) -> Path:  # noqa: ANN001
+    """``record_reference``/``record_serving`` (``kind``) of the built-in ``arch`` on ``ids``
+    into ``path``, through an on-disk cache keyed by the content of every input (arguments,
+    ids, the recorder's source, torch and transformers versions): the tests that compare the
+    same recordings (test_compare.py's pairs) run the model once per machine, not once per test.
+    Tests of the recorder itself call it directly."""
+    import hashlib
+    import shutil
+    import tempfile
+
+    import numpy as np
+
+    from consistency.record import api
+
+    path = Path(path)
+    key = hashlib.sha256(repr((kind, arch, seed, args, sorted(kw.items()), path.suffix, _record_source_digest()))
+                         .encode() + np.asarray(ids).astype(np.int64).tobytes()).hexdigest()[:24]
+    cache = Path(tempfile.gettempdir()) / f"consistency-test-dumps-{os.getuid()}"
+    hit = cache / f"{key}{path.suffix}"
+    if not hit.is_file():
+        cache.mkdir(exist_ok=True)
+        fn = {"training": api.record_reference, "serving": api.record_serving}[kind]
+        tmp = Path(tempfile.mkdtemp(dir=cache)) / f"dump{path.suffix}"
+        fn(tiny(arch, seed), ids, tmp, *args, **kw)
+        os.replace(tmp, hit)  # atomic: another worker may be writing the same key
+        shutil.rmtree(tmp.parent, ignore_errors=True)
+    shutil.copyfile(hit, path)
+    return path
+
+
 def prompt_ids(model, n: int = 48, seed: int = 1):  # noqa: ANN001, ANN201
     import numpy as np
 

@@ -9,6 +9,13 @@ contain. The page's conventions are honoured: a line that is ``...`` stands for 
 out, ``...`` inside a line for a cut, and a shown line may wrap where the terminal wrapped it
 (whitespace is compared collapsed). The exit code a page implies: that of its last
 ``PASS``/``FAIL`` verdict line, 2 after ``consistency: error``, else 0.
+
+The docs sweep (tests/test_docs_sweep.py) holds every page of docs/ to the same rules:
+:func:`blocks` lists each fenced block with what a reader sees just above it. A command
+block that cannot run here (a GPU, a server, a model the reader brings) says so where the
+reader sees it, in the paragraph right above it: ``*Not run by the docs test: REASON.*``
+(:data:`NOT_RUN`). A page's commands that need inputs get them from
+``<!-- docs-test setup: COMMAND -->`` lines (:func:`setup`), run first in the same shell.
 """
 
 from __future__ import annotations
@@ -19,6 +26,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 _BLOCK = re.compile(r"^```console\n(.*?)^```", re.S | re.M)
+_FENCE = re.compile(r"^```([^\n`]*)\n(.*?)^```", re.S | re.M)
+NOT_RUN = re.compile(r"^\*Not run by the docs test: (?P<why>.+?)\.?\*\s*$")
+_SETUP = re.compile(r"^<!-- docs-test setup: (.+?) -->$", re.M)
 _HEREDOC = re.compile(r"<<-?\s*'?(\w+)'?")
 _TIMING = re.compile(r"\d+(\.\d+)? m?s\b")  # "0.02 s", "5 ms": how long a run took is never the same twice
 
@@ -33,16 +43,58 @@ class Command:
     def expected_rc(self) -> int:
         """The exit code the shown output implies: its last verdict line's (a gate shows one per
         check, then its own), 2 for an error line, else 0."""
-        verdicts = [s for s in self.shown if s.startswith(("PASS  ", "FAIL  "))]
-        if verdicts:
-            return 1 if verdicts[-1].startswith("FAIL") else 0
+        verdicts = [s for s in self.shown if s.startswith(("PASS  ", "FAIL  ", "NOT_EVALUATED  "))]
+        if verdicts:  # nothing checked is not a pass: lint's NOT_EVALUATED exits 1 as a FAIL does
+            return 0 if verdicts[-1].startswith("PASS") else 1
         return 2 if any(s.startswith("consistency: error") for s in self.shown) else 0
 
 
-def commands(page: Path) -> list[Command]:
+@dataclass
+class Block:
+    page: Path
+    line: int  # of the opening fence
+    lang: str
+    body: str
+    above: str  # the last non-blank line above the fence: where a NOT_RUN marker goes
+
+    @property
+    def not_run(self) -> str | None:
+        """The reason the page gives for not running this block, else None."""
+        m = NOT_RUN.match(self.above)
+        return m.group("why").strip() if m else None
+
+    @property
+    def is_session(self) -> bool:
+        """A block a reader types into: ``$ commands`` or a ``>>>`` Python session."""
+        lines = self.body.splitlines()
+        return (self.lang == "console" and any(ln.startswith("$ ") for ln in lines)) or \
+            (self.lang in ("python", "pycon", "") and any(ln.startswith(">>> ") for ln in lines))
+
+
+def blocks(page: Path) -> list[Block]:
+    text = page.read_text()
+    out = []
+    for m in _FENCE.finditer(text):
+        before = [ln for ln in text[:m.start()].splitlines() if ln.strip()]
+        out.append(Block(page, text[:m.start()].count("\n") + 1, m.group(1).strip(), m.group(2),
+                         before[-1].strip() if before else ""))
+    return out
+
+
+def setup(page: Path) -> list[str]:
+    """The page's setup commands (``<!-- docs-test setup: ... -->``), in order."""
+    return _SETUP.findall(page.read_text())
+
+
+def commands(page: Path, runnable_only: bool = False) -> list[Command]:
+    """The ``$ command`` lines of the page's console blocks; ``runnable_only`` leaves out
+    the blocks the page marks NOT_RUN."""
     text = page.read_text()
     out: list[Command] = []
+    skip = {b.line for b in blocks(page) if b.not_run} if runnable_only else set()
     for m in _BLOCK.finditer(text):
+        if text[:m.start()].count("\n") + 1 in skip:
+            continue
         first_line = text[:m.start()].count("\n") + 2
         lines = m.group(1).splitlines()
         i = 0

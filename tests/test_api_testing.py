@@ -9,9 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from consistency.record.api import record_reference, record_serving
 from consistency.testing import assert_consistent
-from tests.conftest import prompt_ids, tiny
+from tests.conftest import prompt_ids, recorded, tiny
 
 TRAIN = [1, 3]
 
@@ -22,9 +21,9 @@ def dumps(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     m = tiny()
     ids = prompt_ids(m)
     return {
-        "train": record_reference(m, ids, d / "train.safetensors", TRAIN),
-        "serve": record_serving(tiny(), ids, d / "serve.safetensors", TRAIN),  # fused-residual loop, same streams
-        "shifted": record_serving(tiny(), ids, d / "shifted.safetensors", [s + 1 for s in TRAIN]),  # the +1 bug
+        "train": recorded("training", "tiny-llama", ids, d / "train.safetensors", TRAIN),
+        "serve": recorded("serving", "tiny-llama", ids, d / "serve.safetensors", TRAIN),  # fused-residual loop, same streams
+        "shifted": recorded("serving", "tiny-llama", ids, d / "shifted.safetensors", [s + 1 for s in TRAIN]),  # the +1 bug
     }
 
 

@@ -9,15 +9,14 @@ import pytest
 
 from consistency.diagnose.pipeline import run as run_compare
 from consistency.contract.findings import CompareReport
-from consistency.record.api import record_reference, record_serving
-from tests.conftest import prompt_ids, run_cli, tiny
+from tests.conftest import prompt_ids, recorded, run_cli, tiny
 
 
 def _pair(tmp_path, arch, train, serve, dtype="bfloat16", mode="guarded", n_tokens=40):
     m = tiny(arch)
     ids = prompt_ids(m, n_tokens)
-    ref = record_reference(m, ids, tmp_path / "train.safetensors", train)
-    cand = record_serving(tiny(arch), ids, tmp_path / "serve.npz", serve, dtype=dtype, capture_mode=mode)
+    ref = recorded("training", arch, ids, tmp_path / "train.safetensors", train)  # cached on disk by content
+    cand = recorded("serving", arch, ids, tmp_path / "serve.npz", serve, dtype=dtype, capture_mode=mode)
     return str(ref), str(cand)
 
 

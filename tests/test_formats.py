@@ -245,7 +245,7 @@ def test_malicious_ckpt_never_executes(malicious, how):
     assert not marker.exists()  # the CLI run (another process) never ran the payload
     assert r.returncode == 2, r.stderr
     lines = [x for x in r.stderr.splitlines() if x.strip()]
-    assert len(lines) == 1 and "data_0.ckpt" in lines[0] and "weights_only" in lines[0], r.stderr
+    assert len(lines) == 1 and "data_0.ckpt" in lines[0] and "refused" in lines[0], r.stderr
     with pytest.raises(InputError, match="refused"):
         open_side(p)
     assert not marker.exists()

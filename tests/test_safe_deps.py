@@ -73,16 +73,31 @@ def test_compare_png_without_matplotlib_names_the_report_extra(tmp_path: Path, d
     assert not (tmp_path / "png").exists()
 
 
-def test_a_specforge_file_without_torch_names_the_torch_extra(tmp_path: Path, dumps: tuple[Path, Path]) -> None:
+def test_a_specforge_file_reads_without_torch(tmp_path: Path, dumps: tuple[Path, Path]) -> None:
+    """A .ckpt is a torch.save archive: the restricted reader reads it with torch absent (issue 39),
+    gzipped or not, and its values are the ones saved."""
     torch = pytest.importorskip("torch")
+    g = torch.Generator().manual_seed(0)
+    rec = {"input_ids": torch.arange(8), "loss_mask": torch.ones(8), "hidden_state": torch.randn(1, 8, 16, generator=g),
+           "aux_hidden_state": torch.randn(1, 8, 48, generator=g).bfloat16()}
     buf = io.BytesIO()
-    torch.save({"input_ids": torch.arange(8), "loss_mask": torch.ones(8), "hidden_state": torch.zeros(1, 8, 16),
-                "aux_hidden_state": torch.zeros(1, 8, 48)}, buf)
-    ck = tmp_path / "data_0.ckpt.gz"
-    ck.write_bytes(gzip.compress(buf.getvalue()))
-    r = _run(HF, "compare", str(dumps[0]), str(ck), "-q")
-    _one_line(r, "specdec-consistency[torch]")
-    assert str(ck) in r.stderr
+    torch.save(rec, buf)
+    gz, plain = tmp_path / "data_0.ckpt.gz", tmp_path / "data_1.ckpt"
+    gz.write_bytes(gzip.compress(buf.getvalue()))
+    plain.write_bytes(buf.getvalue())
+    r = _run(HF, "compare", str(gz), str(plain), "-q", "--layer-ids", "1,2,3")
+    assert r.returncode == 0 and r.stdout.startswith("PASS"), r.stdout + r.stderr
+    r = _run(HF, "inspect", str(gz), "--json")
+    assert r.returncode == 0, r.stderr
+    import json
+
+    shapes = {t["name"]: (t["dtype"], t["shape"]) for t in json.loads(r.stdout)["tensors"]}
+    assert shapes["aux.2"] == ("bfloat16", [8, 16]) and shapes["input_ids"] == ("int64", [8]), shapes
+    from consistency.dump.sets import open_side
+
+    with open_side(gz, [1, 2, 3]) as d:  # the values, not only the shapes
+        want = rec["aux_hidden_state"][0, :, 32:].float().numpy()
+        assert np.array_equal(d["aux.2"].rows_float(0, 8), want)
 
 
 def test_commands_without_optional_dependencies_still_work(dumps: tuple[Path, Path]) -> None:

@@ -20,8 +20,8 @@ from consistency.diagnose.pipeline import run
 from consistency.dump import dtypes, names
 from consistency.dump.reader import open_dump
 from consistency.dump.writer import write_dump
-from consistency.record.api import record_reference, record_serving
-from tests.conftest import prompt_ids, tiny
+from consistency.record.api import record_reference
+from tests.conftest import prompt_ids, recorded, tiny
 
 N = 12  # tiny-llama layers
 T = 64
@@ -104,10 +104,10 @@ def rec(tmp_path_factory) -> dict:
     d = tmp_path_factory.mktemp("trust")
     ids = prompt_ids(tiny("tiny-llama"), T)
     out = {"dir": d, "ids": ids}
-    out["full"] = record_reference(tiny("tiny-llama"), ids, d / "full.safetensors", [0, 3, 7])
-    out["streams"] = record_reference(tiny("tiny-llama"), ids, d / "streams.safetensors", None)
-    out["ok"] = record_serving(tiny("tiny-llama"), ids, d / "ok.npz", [0, 3, 7], dtype="bfloat16")
-    out["shift"] = record_serving(tiny("tiny-llama"), ids, d / "shift.npz", [3, 7, 10], dtype="bfloat16")
+    out["full"] = recorded("training", "tiny-llama", ids, d / "full.safetensors", [0, 3, 7])
+    out["streams"] = recorded("training", "tiny-llama", ids, d / "streams.safetensors", None)
+    out["ok"] = recorded("serving", "tiny-llama", ids, d / "ok.npz", [0, 3, 7], dtype="bfloat16")
+    out["shift"] = recorded("serving", "tiny-llama", ids, d / "shift.npz", [3, 7, 10], dtype="bfloat16")
     with open_dump(out["full"]) as f:
         out["A"] = {n: f[n].rows_float(0, f[n].rows).reshape(f[n].shape) for n in f.names if f[n].is_float}
     return out

@@ -17,9 +17,8 @@ import pytest
 from consistency.diagnose.pipeline import run as run_compare
 from consistency.contract.findings import CompareReport, SimilarityMatrix
 from consistency.errors import ConsistencyError, OutputExistsError
-from consistency.record.api import record_reference, record_serving
 from consistency.report import heatmap, html_page, visual
-from tests.conftest import ROOT, prompt_ids, run_cli, tiny
+from tests.conftest import ROOT, prompt_ids, recorded, run_cli, tiny
 
 TRAIN, SERVE = [0, 3, 7], [3, 7, 10]  # the seed, scaled to tiny-llama (consistency demo)
 
@@ -28,8 +27,8 @@ def record_pair(d: Path, train: list[int], serve: list[int], arch: str = "tiny-l
     """Training dump (HF hooks, fp32) and serving dump (fused residual, bf16) of one real tiny model."""
     m = tiny(arch)
     ids = prompt_ids(m, 48)
-    ref = record_reference(m, ids, d / "train.safetensors", train)
-    cand = record_serving(tiny(arch), ids, d / "serve.safetensors", serve, dtype="bfloat16")
+    ref = recorded("training", arch, ids, d / "train.safetensors", train)  # cached on disk by content
+    cand = recorded("serving", arch, ids, d / "serve.safetensors", serve, dtype="bfloat16")
     return str(ref), str(cand)
 
 

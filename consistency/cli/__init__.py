@@ -40,6 +40,16 @@ class LazyGroup(click.Group):
         mod, fn, _help = COMMANDS[name]
         return getattr(importlib.import_module(mod), fn)
 
+    def resolve_command(self, ctx: click.Context, args: list[str]) -> tuple:  # type: ignore[type-arg]
+        """A mistyped command (``consistency comapre``) names the one it was probably meant to be."""
+        name = args[0] if args else ""
+        if args and self.get_command(ctx, name) is None and not name.startswith("-"):
+            from consistency.errors import did_you_mean
+
+            ctx.fail(f"No such command {name!r} (commands: {', '.join(self.list_commands(ctx))})"
+                     f"{did_you_mean(name, self.list_commands(ctx))}")
+        return super().resolve_command(ctx, args)
+
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         rows = [(n, COMMANDS[n][2]) for n in self.list_commands(ctx)]
         if rows:
@@ -75,6 +85,26 @@ def _no_pydantic_plugin_scan() -> None:
         os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
 
 
+def _suggest_choice(e: click.ClickException) -> None:
+    """A value outside an option's choices (``--consumer eagel3``) names the choice it was
+    probably meant to be, as a mistyped command or convention does."""
+    import re
+
+    from consistency.errors import did_you_mean
+
+    choice = getattr(getattr(e, "param", None), "type", None)
+    m = re.match(r"'(.*?)' is not one of", e.message) if isinstance(choice, click.Choice) else None
+    if m is not None:
+        e.message = e.message.rstrip(".") + did_you_mean(m.group(1), [str(c) for c in choice.choices])
+
+
+def _is_path(word: str) -> bool:
+    try:
+        return os.path.exists(word)
+    except (OSError, ValueError):  # a name too long, a NUL: not a file we were given
+        return False
+
+
 def run(argv: list[str] | None = None) -> None:
     """Console-script entry: map user errors to exit code 2 with one line, no traceback."""
     from consistency.errors import ConsistencyError
@@ -93,6 +123,8 @@ def run(argv: list[str] | None = None) -> None:
         sys.exit(2)
     except click.ClickException as e:  # click echoes argv (a file name a glob found) raw: made inert
         import io
+
+        _suggest_choice(e)
 
         from consistency.escape import term
 
@@ -119,7 +151,8 @@ def run(argv: list[str] | None = None) -> None:
         if dep is not None:  # an optional dependency missing on this command's path: the pip line
             click.echo(f"consistency: error: {dep}", err=True)  # our text only
             sys.exit(dep.exit_code)
-        args = " ".join(a for a in (argv if argv is not None else sys.argv[1:]) if not a.startswith("-"))
+        # the command and the files it was given, never other values (a prompt, a pattern) whole
+        args = " ".join(words[:1] + [a for a in words[1:] if _is_path(a)])
         args = args if len(args) <= 200 else args[:200] + "..."
         msg = " ".join(f"{type(e).__name__}: {e}".split())
         msg = msg if len(msg) <= 400 else msg[:400] + "..."

@@ -2,8 +2,8 @@
 
 ``compare`` reads these directly; converting is for keeping a self-describing copy (names
 mapped, stream ids recorded in the metadata) or for tools that only read dumps. SpecForge
-files are loaded with ``torch.load(weights_only=True)`` only; ``.pt``/``.pth`` zip archives
-(SGLang, Megatron, a user's ``torch.save``) through the restricted reader, without torch.
+``.ckpt`` files and ``.pt``/``.pth`` zip archives (SGLang, Megatron, a user's ``torch.save``)
+are read through the restricted reader, without torch.
 """
 
 from __future__ import annotations

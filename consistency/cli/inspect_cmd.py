@@ -40,7 +40,10 @@ def inspect(dump: str, as_json: bool, layer_ids: str | None, convention: str | N
         con = console()
         found = (d.metadata.extra.get("source_format") or {}) if d.metadata else {}
         summary = found.get("summary") if isinstance(found, dict) else None
-        head = f"{dump}: {summary or d.format}, {len(tensors)} tensors" + ("" if meta else ", no consistency metadata")
+        count = f"{len(tensors)} tensor{'' if len(tensors) == 1 else 's'}"
+        said = summary or d.format
+        head = f"{dump}: {said}" + ("" if f"{len(tensors)} tensor" in said else f", {count}") \
+            + ("" if meta else ", no consistency metadata")  # the count once, in the reader's words if it gave one
         con.print(Text(term(head)))
         for note in (d.metadata.extra.get("notes") or []) if d.metadata else []:
             con.print(Text(term(f"note: {note}")))

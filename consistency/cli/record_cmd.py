@@ -174,6 +174,9 @@ def record(model_spec: str, gguf_file: str | None, prompt: str | None, ids_file:
         raise UsageError("give exactly one of --prompt and --input-ids")
     if dtype not in ("float32", "bfloat16", "float16", "float64"):
         raise UsageError(f"--dtype {dtype!r}: expected float32, bfloat16, float16 or float64")
+    from consistency.contract.resolve import check_spec
+
+    check_spec(convention, "--convention")  # a typo is refused whether or not ids use it
     ids = read_input_ids(ids_file) if ids_file else None
     status = _status(f"loading {model_spec}")
     try:
@@ -189,10 +192,14 @@ def record(model_spec: str, gguf_file: str | None, prompt: str | None, ids_file:
             ids, note = tokenize_prompt(model, model_spec, prompt or "", gguf_file)
         elif problem := out_of_vocab(ids, model, f"--model {model_spec}"):
             raise InputError(ids_file, problem)
-        if note:
-            click.echo(f"note: {_term(note)}", err=True)
         native = parse_ids(aux_layers)
         streams, assumed = resolve_streams(model, native, convention) if (aux_layers or style == "serving") else (None, None)
+        if style == "serving" and capture_mode == "add" and streams is not None and 0 in streams:
+            raise UsageError(f"--capture add cannot capture stream 0 (aux streams {streams}): an add-only loop "
+                             "computes hidden_states + residual, and the embedding has no residual (older "
+                             "SGLang's llama.py fails there too); use --capture guarded, or aux layers past 0")
+        if note:
+            click.echo(f"note: {_term(note)}", err=True)
         _update(status, f"recording {len(ids)} tokens")
         if style == "training":
             out = record_reference(model, ids, output, streams, native_ids=native, convention=convention,

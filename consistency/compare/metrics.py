@@ -150,8 +150,9 @@ class PairAccumulator:
         if top > self.atol:
             bound = scratch.get("bound", n, self.cols, x.dtype)
             np.abs(x, out=bound)
-            bound *= self.rtol
-            bound += self.atol
+            with np.errstate(over="ignore"):  # an rtol past the dtype's range bounds nothing: inf, as meant
+                bound *= self.rtol
+                bound += self.atol
             mask = scratch.get("mask", n, self.cols, np.bool_)
             np.greater(d, bound, out=mask)
             self.mismatched += int(np.count_nonzero(mask))
@@ -194,8 +195,9 @@ class PairAccumulator:
                 self.max_at = start * self.cols + flat
                 self.max_ref, self.max_cand = float(x.flat[flat]), float(y.flat[flat])
             bound = np.abs(x)
-            bound *= self.rtol
-            bound += self.atol
+            with np.errstate(over="ignore"):  # as in _add_fast: an rtol past the range bounds nothing
+                bound *= self.rtol
+                bound += self.atol
             self.mismatched += int(np.count_nonzero(d > bound))
 
     def _note_nonfinite(self, start: int, fin_r: np.ndarray, fin_c: np.ndarray) -> None:

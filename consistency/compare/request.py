@@ -89,7 +89,8 @@ def rules_of(specs: Sequence[str]) -> list[Rule]:
     try:
         rules = parse_rules(list(specs))
     except (ValueError, Exception) as exc:  # re.error is an Exception
-        raise UsageError(f"tolerance: {exc}") from None
+        raise UsageError(f"tolerance: {exc}, in {', '.join(map(str, specs))[:200]!r} (expected REGEX=FLOOR, e.g. "
+                         f"'aux\\..*=0.01')") from None
     for r in rules:
         _number(f"tolerance {r.pattern}", r.floor)
     return rules

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 from consistency.contract import specforge as SF
 from consistency.contract.conventions import FIRST_EAGLE3, LATEST_KNOWN, REGISTRY, Convention
 from consistency.contract.versions import RuntimeSpec, Version, VersionRange, parse_spec, parse_version, vtext
-from consistency.errors import UsageError
+from consistency.errors import UsageError, did_you_mean
 
 
 @dataclass(frozen=True)
@@ -72,7 +72,7 @@ def resolve(spec: str, architecture: str | None = None) -> Resolved:
     exact = [c for c in REGISTRY if c.code == rs.name]
     cands = exact or [c for c in REGISTRY if c.runtime == rs.name or rs.name in c.aliases]
     if not cands:
-        raise KeyError(f"unknown convention {spec!r}; known: {', '.join(names())}")
+        raise KeyError(f"unknown convention {spec!r}; known: {', '.join(names())}{did_you_mean(spec, names())}")
     v, key = rs.version, rs.name
     newer = check_version(cands[0].runtime, v)  # too old for EAGLE-3: ValueError
     if exact:
@@ -115,7 +115,9 @@ def check_spec(spec: str, flag: str = "--convention", architecture: str | None =
     try:
         return resolve(spec, architecture)
     except (KeyError, ValueError) as exc:
-        raise UsageError(f"{flag} {spec!r}: {str(exc).strip(chr(39) + chr(34))}") from None
+        why = str(exc).strip(chr(39) + chr(34))
+        said = f"{flag}: " if repr(spec) in why else f"{flag} {spec!r}: "  # the name once, not twice
+        raise UsageError(said + why) from None
 
 
 def _few(xs: Sequence[int], n: int = 8) -> str:
@@ -265,7 +267,8 @@ def parse_runtime(spec: str, allowed: Sequence[str], flag: str = "--runtime") ->
     except ValueError as exc:
         raise UsageError(f"{flag} {spec!r}: {exc}") from None
     if rs.name not in allowed:
-        raise UsageError(f"{flag} {spec!r}: expected {' or '.join(f'{a}@VERSION' for a in allowed)}")
+        raise UsageError(f"{flag} {spec!r}: expected {' or '.join(f'{a}@VERSION' for a in allowed)}"
+                         f"{did_you_mean(spec, allowed)}")
     try:
         check_version(rs.name, rs.version)
     except ValueError as exc:

@@ -24,12 +24,15 @@ def summarize(cmp: Comparison, findings: list[Finding], st: story_mod.Story | No
     warnings = [f for f in findings if f.severity == Severity.warning]
     body = _body(cmp, findings, errors, warnings, st)
     leading = next((f for f in errors if CODES[f.code].leads), None)
-    if token_error is not None and leading is not None:  # a layout fact (a token no rank holds) explains the tokens
-        return f"{body} -- {token_error.code}: {token_error.message}"
-    if token_error is not None:  # the token story comes first: it changes what every state means
-        head = f"{token_error.code}: {token_error.message}"
-        return head if context_demoted else f"{head} -- {body}"
-    return body
+    if token_error is None:
+        return body
+    head = f"{token_error.code}: {token_error.message}"
+    if body.startswith(head):  # the token error is itself the leading one: its headline is said once
+        return body
+    if leading is not None:  # a layout fact (a token no rank holds) explains the tokens
+        return f"{body} -- {head}"
+    # the token story comes first: it changes what every state means
+    return head if context_demoted or head in body else f"{head} -- {body}"
 
 
 def _body(cmp: Comparison, findings: list[Finding], errors: list[Finding], warnings: list[Finding],

@@ -77,7 +77,20 @@ def _open_side(spec: str | Path, layer_ids: Sequence[int] | None, convention: st
         fmt = detect_dir(p)
         if fmt is not None and fmt.open_dir is not None:
             return fmt.open_dir(p, layer_ids, convention)
+        dumps = sorted(x.name for x in p.iterdir() if x.suffix.lower() in (".safetensors", ".npz") and x.is_file())
+        if dumps:  # a directory given where its one dump was meant: name the file to give
+            shown = ", ".join(dumps[:3]) + (f", ... ({len(dumps)} in all)" if len(dumps) > 3 else "")
+            raise InputError(p, f"is a directory, not a dump: it holds {shown}, none named as a tensor-parallel rank "
+                                f"(NAME.rankR-ofN.EXT); give the dump's file, e.g. {p / dumps[0]}")
         raise InputError(p, f"is a directory holding none of the formats consistency reads ({read_names()})")
+    if any(ch in str(spec) for ch in "*?[") and not p.exists():
+        import glob
+
+        hits = sorted(glob.glob(str(spec)))
+        if hits:  # the glob matched, but no rank files: "no such file" would send the user the wrong way
+            shown = ", ".join(Path(h).name for h in hits[:3]) + (f", ... ({len(hits)} in all)" if len(hits) > 3 else "")
+            raise InputError(p, f"matches {len(hits)} file(s) ({shown}), none named as a tensor-parallel rank "
+                                f"(NAME.rankR-ofN.EXT); a pattern names a rank set: give one dump's file instead")
     if p.is_file():
         from consistency.dump.formats import detect
 

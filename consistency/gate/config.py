@@ -146,7 +146,10 @@ def _toml(path: Path) -> dict[str, Any]:
         raise InputError(path, "no such gate config (write one: docs/ci.md#configuration)")
     try:
         return tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as exc:
+    except UnicodeDecodeError:  # a dump, an archive, an .npz given where the config goes
+        raise InputError(path, "not a TOML file (binary, not UTF-8 text); --config takes a consistency.toml "
+                               "(docs/ci.md#configuration)") from None
+    except OSError as exc:
         raise InputError(path, f"cannot read: {exc}") from None
     except tomllib.TOMLDecodeError as exc:
         raise InputError(path, f"not valid TOML: {exc}") from None

@@ -42,7 +42,7 @@ def _specforge() -> Format:
     from consistency.dump.formats import specforge as m
 
     return Format(m.NAME, "SpecForge offline data: data_{i}.ckpt[.gz] {aux_hidden_state, hidden_state, input_ids, "
-                  "loss_mask} (torch.save; loaded weights_only)",
+                  "loss_mask} (torch.save; read by the restricted reader, without torch)",
                   "SpecForge scripts/prepare_hidden_states.py (_save_tensor)", m.sniff, m.open_file)
 
 

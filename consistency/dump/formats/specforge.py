@@ -9,20 +9,17 @@ states concatenated on the last dim, in capture order) and ``hidden_state`` [1, 
 (the state SGLang hands its logits processor: post final norm). Older SpecForge saved the
 same keys through ``dataclasses.asdict(DataPoint)``.
 
-The file is a pickle. SpecForge itself loads it with ``weights_only=False``; we load it
-with ``torch.load(weights_only=True)`` only, so a file that needs anything beyond tensors
-and plain containers is refused, and nothing in it ever runs.
+The file is a pickle. SpecForge itself loads it with ``weights_only=False``; we read it with
+the restricted ``torch.save`` reader (:mod:`consistency.dump.ptzip`, the same bounds as a
+``.pt``), without torch: a file that needs anything beyond tensors and plain containers is
+refused, and nothing in it ever runs. A ``.ckpt.gz`` is gunzipped (bounded) into a temporary
+file first, since the reader maps storages from a file.
 """
 
 from __future__ import annotations
 
 import gzip
-import io
 import os
-import pickle
-import re
-import warnings
-import zipfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -34,7 +31,7 @@ from consistency.dump import dtypes, names
 from consistency.dump.formats.base import ForeignDump, aux_info, memory_view, resolve_claims, split_slots, tensor_meta
 from consistency.dump.reader import TensorView
 from consistency.dump.safetensors_io import open_regular
-from consistency.errors import InputError, UsageError, need
+from consistency.errors import InputError, UsageError
 
 NAME = "specforge"
 SUFFIXES = (".ckpt", ".ckpt.gz")  # .pt/.pth zips come through the torch-archive reader
@@ -59,33 +56,78 @@ def open_file(path: Path, layer_ids: Sequence[int] | None = None, convention: st
 
 
 def load_record(path: Path) -> dict[str, Any]:
-    """``torch.load(weights_only=True)`` of a .ckpt or .ckpt.gz; every failure is one InputError line."""
-    torch = need("torch", "torch", f"reading the SpecForge file {path}")
+    """The record of a .ckpt or .ckpt.gz, read by the restricted ``torch.save`` reader
+    (:mod:`consistency.dump.ptzip`, the bounds of a ``.pt``) without torch: tensors become
+    ``(storage array, dtype name)``; every failure is one InputError line."""
     fd = open_regular(path)  # refuses directories, devices and FIFOs
-    os.close(fd)
-    with open(path, "rb") as fh:
-        head = fh.read(4)
     try:
-        with warnings.catch_warnings():  # torch warns about pickle protocols on stderr: the error says it all
-            warnings.simplefilter("ignore")
-            if head[:2] == GZIP_MAGIC:
-                obj = torch.load(io.BytesIO(_gunzip(path)), weights_only=True, map_location="cpu")
-            elif head[:2] == b"PK":
-                obj = torch.load(str(path), weights_only=True, map_location="cpu", mmap=True)
+        head = os.pread(fd, 4, 0)
+    finally:
+        os.close(fd)
+    if head[:2] == GZIP_MAGIC:
+        with _gunzipped(path) as tmp:
+            return _read(path, tmp)
+    if head[:2] != b"PK":  # legacy torch.save or a bare pickle: only pickle could read it
+        raise InputError(path, "refused: not a torch.save zip archive (a raw or legacy pickle stream); consistency "
+                               "reads .ckpt files with its restricted torch.save reader only, which runs no pickle; "
+                               "re-save it with torch.save's default format")
+    return _read(path, path)
+
+
+def _read(path: Path, source: Path) -> dict[str, Any]:
+    from consistency.dump import ptzip
+
+    try:
+        a = ptzip.open_archive(source)
+    except InputError as exc:  # a gunzipped temporary file: the user's file is named, not ours
+        raise InputError(path, exc.problem) from None
+    try:
+        obj = a.obj
+        if not isinstance(obj, Mapping) or not all(isinstance(k, str) for k in obj):
+            raise InputError(path, f"holds a {type(obj).__name__}; a SpecForge record is a dict of named tensors")
+        out: dict[str, Any] = {}
+        for key, value in obj.items():
+            if isinstance(value, ptzip.PtTensor):
+                value.path = path
+                out[key] = (value.read(a.fd), value.dtype)
             else:
-                obj = torch.load(str(path), weights_only=True, map_location="cpu")
-    except pickle.UnpicklingError as exc:
-        raise InputError(path, f"refused: loading it needs more than tensors and plain containers "
-                         f"({_why(exc)}); consistency loads .ckpt files with torch.load(weights_only=True) only"
-                         ) from None
-    except InputError:
-        raise
-    except (RuntimeError, EOFError, ValueError, OSError, zipfile.BadZipFile, KeyError, TypeError,
-            AttributeError, IndexError) as exc:
-        raise InputError(path, f"not a readable torch file ({type(exc).__name__}: {_why(exc)})") from None
-    if not isinstance(obj, Mapping) or not all(isinstance(k, str) for k in obj):
-        raise InputError(path, f"holds a {type(obj).__name__}; a SpecForge record is a dict of named tensors")
-    return dict(obj)
+                out[key] = value
+        return out
+    finally:
+        a.close()
+
+
+class _gunzipped:  # noqa: N801 - a context manager read as a phrase
+    """The decompressed stream in a temporary file (unlinked on exit), at most the gunzip bound."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __enter__(self) -> Path:
+        import tempfile
+
+        limit = _limit()
+        fd, name = tempfile.mkstemp(prefix="consistency-ckpt-", suffix=".pt")
+        self.tmp = Path(name)
+        try:
+            with os.fdopen(fd, "wb") as out, gzip.open(self.path, "rb") as g:
+                n = 0
+                while chunk := g.read(16 * 1024 * 1024):
+                    n += len(chunk)
+                    if n > limit:
+                        raise InputError(self.path, f"decompresses to more than {limit} bytes (limit: "
+                                                    f"{ENV_MAX_GUNZIP}); refused")
+                    out.write(chunk)
+        except (OSError, EOFError, gzip.BadGzipFile) as exc:
+            self.tmp.unlink(missing_ok=True)
+            raise InputError(self.path, f"corrupt or truncated gzip stream ({_why(exc)})") from None
+        except BaseException:
+            self.tmp.unlink(missing_ok=True)
+            raise
+        return self.tmp
+
+    def __exit__(self, *exc: object) -> None:
+        self.tmp.unlink(missing_ok=True)
 
 
 def _limit() -> int:
@@ -98,47 +140,9 @@ def _limit() -> int:
         raise UsageError(f"{ENV_MAX_GUNZIP}={text!r}: expected a number of bytes") from None
 
 
-def _gunzip(path: Path) -> bytes:
-    out = io.BytesIO()
-    limit = _limit()
-    try:
-        with gzip.open(path, "rb") as g:
-            while chunk := g.read(16 * 1024 * 1024):
-                out.write(chunk)
-                if out.tell() > limit:
-                    raise InputError(path, f"decompresses to more than {limit} bytes (limit: {ENV_MAX_GUNZIP}); "
-                                     "refused")
-    except (OSError, EOFError, gzip.BadGzipFile) as exc:
-        raise InputError(path, f"corrupt or truncated gzip stream ({_why(exc)})") from None
-    return out.getvalue()
-
-
 def _why(exc: BaseException) -> str:
-    """The informative line of torch's multi-line weights_only message."""
-    text = str(exc)
-    m = re.search(r"Unsupported global: GLOBAL (\S+)", text)
-    if m:
-        return f"pickle global {m.group(1)}"
-    m = re.search(r"Unsupported operand \S+", text)
-    if m:
-        return f"pickle opcode: {m.group(0)}"
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
     return lines[0][:200] if lines else type(exc).__name__
-
-
-def to_storage(path: Path, key: str, t: Any) -> tuple[np.ndarray, str]:
-    """(numpy storage sharing the tensor's memory where possible, canonical dtype name)."""
-    import torch
-
-    name = str(t.dtype).removeprefix("torch.")
-    if name not in dtypes.BY_NAME:
-        raise InputError(path, f"{key} has dtype {name}, which consistency cannot store")
-    x = t.detach().cpu().contiguous()
-    if name == "bfloat16":
-        return x.view(torch.int16).numpy().view(np.uint16), name
-    if name.startswith("float8"):
-        return x.view(torch.uint8).numpy(), name
-    return x.numpy(), name
 
 
 def _rows_2d(path: Path, key: str, arr: np.ndarray) -> np.ndarray:
@@ -151,9 +155,7 @@ def _rows_2d(path: Path, key: str, arr: np.ndarray) -> np.ndarray:
 
 
 def _build(path: Path, record: dict[str, Any], layer_ids: Sequence[int] | None, convention: str | None) -> ForeignDump:
-    import torch
-
-    if not torch.is_tensor(record.get("aux_hidden_state")):
+    if not isinstance(record.get("aux_hidden_state"), tuple):
         keys = ", ".join(sorted(record)) or "none"
         raise InputError(path, f"not a SpecForge EAGLE-3 hidden-state record: no aux_hidden_state tensor (keys: {keys})")
     arrays: dict[str, tuple[np.ndarray, str]] = {}
@@ -161,10 +163,10 @@ def _build(path: Path, record: dict[str, Any], layer_ids: Sequence[int] | None, 
     for key, value in record.items():
         if value is None:
             continue
-        if not torch.is_tensor(value):
+        if not isinstance(value, tuple):
             notes.append(f"{key!r} ({type(value).__name__}) is not a tensor: skipped")
             continue
-        arrays[key] = to_storage(path, key, value)
+        arrays[key] = value
     aux, aux_dt = arrays.pop("aux_hidden_state")
     aux = _rows_2d(path, "aux_hidden_state", aux)
     if not dtypes.is_float(aux_dt):
@@ -202,7 +204,7 @@ def _build(path: Path, record: dict[str, Any], layer_ids: Sequence[int] | None, 
     meta = DumpMetadata(side="training", runtime=RuntimeInfo(name=NAME),
                         model=ModelInfo(hidden_size=width // n, dtype=aux_dt), aux=aux_info(claims, n),
                         tensors=metas, extra={"notes": notes} if notes else {})
-    return ForeignDump(path, NAME, tensors, meta, keep=[record])
+    return ForeignDump(path, NAME, tensors, meta)
 
 
 def _num_slots(path: Path, width: int, h: int | None, streams: list[int] | None) -> int:

@@ -30,6 +30,10 @@ def select(chosen: Iterable[str] = (), ignored: Iterable[str] = ()) -> list[Rule
     ign = [by_name.get(s, s) for s in ign]
     for s in (*sel, *ign):
         if s != "ALL" and not any(c.startswith(s) for c in REGISTRY):
-            raise UsageError(f"unknown rule selector {s!r}; codes: {', '.join(sorted(REGISTRY))}")
+            from consistency.errors import did_you_mean
+
+            words = [*REGISTRY, *by_name, *{c[:3] for c in REGISTRY}]
+            raise UsageError(f"unknown rule selector {s!r}; codes: {', '.join(sorted(REGISTRY))}"
+                             f"{did_you_mean(s, words)}")
     return [r for c, r in sorted(REGISTRY.items())
             if any(_matches(c, s) for s in sel) and not any(_matches(c, s) for s in ign)]
