@@ -41,7 +41,7 @@ def replay_side(draft: LoadedDraft, side: Side, steps: int, feed: str = "own",
     if int(side.ids.max()) >= vt or int(side.ids.min()) < 0:
         raise InputError(side.path, f"token ids outside the draft's target vocabulary 0..{vt - 1}")
     out = run_chain(draft.model, aux, nxt, steps, feed=feed, teacher=teacher)
-    return score(out.tokens[:, 0], side.labels, drafted)
+    return score(out.tokens[:, 0], side.labels, drafted, side.segments)
 
 
 def run_replay(draft: str | Path, target: str | Any | None, reference: str | Path, candidate: str | Path,

@@ -27,7 +27,7 @@ from consistency.dump import names
 from consistency.dump.reader import Dump, TensorView
 from consistency.dump.sets import open_side
 from consistency.dump.stitch import stitch
-from consistency.errors import InputError
+from consistency.errors import InputError, UsageError
 from consistency.replay.checks import check_model, check_streams
 
 CHUNK_ROWS = 4096
@@ -158,10 +158,12 @@ def _labels(d: Dump, ids: torch.Tensor, target: Any | None, mode: str,
         return torch.cat(parts), "target"
     if mode == "target":
         raise InputError(d.path, "--labels target needs --target")
-    y = torch.empty_like(ids)
-    y[:-1] = ids[1:]
-    y[-1] = -1  # unknown: the last position has no recorded next token
-    return y, "input_ids"
+    if mode == "input_ids":
+        raise UsageError("--labels input_ids: the recorded next tokens are not the target's own next tokens, so they "
+                         "score no serving acceptance; give --target (or dumps with 'logits')")
+    raise InputError(d.path, "acceptance could not be scored: the dump has no 'logits' and no --target was given, so "
+                             "nothing says which next token the target would verify (the recorded next tokens are not "
+                             "the target's own); give --target")
 
 
 @torch.no_grad()
@@ -179,5 +181,8 @@ def truncate(side: Side, n: int, start: int = 0) -> Side:
     if start == 0 and n >= len(side.ids):
         return side
     sl = slice(start, start + n)
+    segs = None
+    if side.segments is not None:  # each request's bounds on the kept tokens
+        segs = [(max(a - start, 0), min(b - start, n)) for a, b in side.segments if min(b - start, n) > max(a - start, 0)]
     return replace(side, ids=side.ids[sl], aux=side.aux[sl], labels=side.labels[sl],
-                   drafted=side.drafted[sl] if side.drafted is not None else None)
+                   drafted=side.drafted[sl] if side.drafted is not None else None, segments=segs)
