@@ -146,3 +146,31 @@ def test_verify_passes_that_accept_every_draft_read_as_generation(tmp_path: Path
     assert n == len(prompt) + passes * (k + 1) - k, n
     assert response is not None and response.tolist() == [False] * len(prompt) + [True] * (generated - len(prompt))
     assert layout.verify.unconfirmed == k
+
+
+def test_a_bf16_capture_is_labelled_by_the_target_in_bf16(tmp_path: Path) -> None:
+    """A bf16 server verifies with the bf16 target's argmax: the candidate's labels are that,
+    and the report says how many differ from float32's (counted here on the model itself)."""
+    import copy
+
+    from consistency.record.api import record_serving
+    from consistency.record.models import DEMO_PROMPT, tokenize
+    from consistency.replay.sides import read_side
+
+    target, _ = _builtin()
+    ids = tokenize(target, "tiny-llama", DEMO_PROMPT)
+    train = record_reference(target, ids, tmp_path / "train.safetensors", RIGHT, components=False)
+    serve = record_serving(copy.deepcopy(target), ids, tmp_path / "serve.safetensors", RIGHT, dtype="bfloat16")
+    x = torch.as_tensor(np.asarray(ids).reshape(-1))[None]
+    with torch.no_grad():
+        fp32 = target(input_ids=x).logits[0].argmax(-1)
+        bf16 = copy.deepcopy(target).to(torch.bfloat16)(input_ids=x).logits[0].float().argmax(-1)
+    changed = int((fp32 != bf16).sum())
+    assert changed > 0  # this construction has positions where the dtypes disagree
+    width = target.config.hidden_size
+    ref, cand = (read_side(p, 3, width, target, "auto", {}) for p in (train, serve))
+    assert (ref.label_dtype, ref.label_changed) == ("float32", None) and torch.equal(ref.labels, fp32)
+    assert (cand.label_dtype, cand.label_changed) == ("bfloat16", changed) and torch.equal(cand.labels, bf16)
+    rep = run_replay(DRAFT, target, train, serve, steps=3)
+    assert rep.candidate.label_dtype == "bfloat16" and rep.candidate.label_changed == changed
+    assert any(f"{changed} of {len(fp32)} differ from float32's" in n for n in rep.notes), rep.notes

@@ -43,6 +43,9 @@ class SideReplay(BaseModel):
     claimed_streams: list[int] | None = None
     aux_dtype: str | None = None
     label_source: Literal["logits", "target", "input_ids"]
+    label_dtype: str | None = Field(None, description="The dtype of the target forward behind the labels: the serving "
+                                    "dtype for a bf16/fp16 capture (its server verifies with that argmax), else float32")
+    label_changed: int | None = Field(None, description="Positions whose label in label_dtype differs from float32's")
     greedy_agreement: float | None = Field(None, description="Share of positions whose next recorded token is the target's own")
     top1: float = Field(description="Step-1 top-1 accuracy against the target's next token, at the anchors a server "
                         "verifies at")

@@ -135,6 +135,7 @@ def side_report(side: Side, s: Scored, scored_on: str = "all") -> SideReplay:
     return SideReplay(path=str(side.path), tokens=len(side.ids), anchors=s.anchors, slots=side.slots,
                       scored_on=scored_on, all_positions=_figs(s.overall), every_anchor=_figs(s.anchor_mean),
                       claimed_streams=side.claimed, aux_dtype=side.aux_dtype, label_source=side.label_source,  # type: ignore[arg-type]
+                      label_dtype=side.label_dtype, label_changed=side.label_changed,
                       greedy_agreement=side.greedy_agreement, top1=s.top1, acceptance_rate=s.rate,
                       accept_length=s.length, per_step=s.per_step, hits=[int(x) for x in s.hits[0].tolist()])
 
@@ -243,6 +244,10 @@ def build_report(d: LoadedDraft | Any, tname: str | None, ref: Side, cand: Side,
         line = (f"on the positions a server drafts: {line}; over all {o_r.anchors} positions: top-1 "
                 f"{100 * o_r.top1:.1f}% -> {100 * o_c.top1:.1f}%, acceptance {100 * o_r.rate:.1f}% -> "
                 f"{100 * o_c.rate:.1f}%")
+    for s in (ref, cand):
+        if s.label_changed is not None:
+            notes.append(f"{s.path.name}: labels are the target's argmax in {s.label_dtype}, the dtype its server "
+                         f"verifies in; {s.label_changed} of {len(s.labels)} differ from float32's")
     for s, sc in ((ref, rs), (cand, cs)):
         if sc.walked_all:
             notes.append(f"{s.path.name}: no drafted position starts a chain of {k} verifiable steps, so the walk went "
