@@ -174,3 +174,39 @@ def test_a_bf16_capture_is_labelled_by_the_target_in_bf16(tmp_path: Path) -> Non
     rep = run_replay(DRAFT, target, train, serve, steps=3)
     assert rep.candidate.label_dtype == "bfloat16" and rep.candidate.label_changed == changed
     assert any(f"{changed} of {len(fp32)} differ from float32's" in n for n in rep.notes), rep.notes
+
+
+def test_replays_that_score_nothing_never_pass_cli_or_gate(tmp_path: Path) -> None:
+    """Issue 34: no --target and no logits is exit 2 naming what could not be scored (also with
+    --labels input_ids); the same file on both sides is SAME_INPUT; a gate [[replay]] without a
+    target is an error, never a pass."""
+    import copy
+
+    from consistency.record.api import record_serving
+    from consistency.record.models import DEMO_PROMPT, tokenize
+    from tests.conftest import run_cli
+
+    target, _ = _builtin()
+    ids = tokenize(target, "tiny-llama", DEMO_PROMPT)
+    train = record_reference(target, ids, tmp_path / "train.safetensors", RIGHT, components=False)
+    serve = record_serving(copy.deepcopy(target), ids, tmp_path / "serve.safetensors", SHIFTED, dtype="bfloat16")
+    for extra in ((), ("--labels", "input_ids")):
+        r = run_cli("replay", "--draft", "tiny-llama-eagle3", str(train), str(serve), *extra)
+        assert r.returncode == 2 and "PASS" not in r.stdout, (r.stdout, r.stderr)
+        want = "could not be scored" if not extra else "--labels input_ids: the recorded next tokens are not"
+        assert len(r.stderr.strip().splitlines()) == 1 and want in r.stderr, r.stderr
+    copy_of_train = tmp_path / "copy.safetensors"
+    copy_of_train.write_bytes(train.read_bytes())
+    for other in (train, copy_of_train):
+        rep = run_replay(DRAFT, target, train, other, steps=3)
+        assert rep.verdict == "fail" and [f.code for f in rep.findings][0] == "SAME_INPUT", rep.summary
+    (tmp_path / "consistency.toml").write_text(
+        '[[replay]]\nname = "no-target"\ndraft = "tiny-llama-eagle3"\nreference = "train.safetensors"\n'
+        'candidate = "serve.safetensors"\n\n[[replay]]\nname = "same"\ndraft = "tiny-llama-eagle3"\n'
+        'target = "tiny-llama"\nreference = "train.safetensors"\ncandidate = "train.safetensors"\n')
+    r = run_cli("gate", "--config", str(tmp_path / "consistency.toml"), "--json", str(tmp_path / "gate.json"))
+    gate = json.loads((tmp_path / "gate.json").read_text())
+    assert r.returncode != 0 and gate["verdict"] == "error", gate["summary"]
+    checks = {c["name"]: c for c in gate["checks"]}
+    assert checks["no-target"]["verdict"] == "error" and "could not be scored" in checks["no-target"]["summary"]
+    assert checks["same"]["verdict"] == "fail" and "same input" in checks["same"]["summary"]
