@@ -210,3 +210,29 @@ def test_replays_that_score_nothing_never_pass_cli_or_gate(tmp_path: Path) -> No
     checks = {c["name"]: c for c in gate["checks"]}
     assert checks["no-target"]["verdict"] == "error" and "could not be scored" in checks["no-target"]["summary"]
     assert checks["same"]["verdict"] == "fail" and "same input" in checks["same"]["summary"]
+
+
+def test_a_reference_at_chance_or_nothing_scored_is_inconclusive(tmp_path: Path) -> None:
+    """Aux states of seeded noise: the draft predicts nothing on either side, so 'no drop' is
+    no evidence (before issue 34 it passed). Three tokens at K = 3: no chain is verifiable."""
+    from consistency.record.models import DEMO_PROMPT, tokenize
+
+    target, _ = _builtin()
+    ids = np.asarray(tokenize(target, "tiny-llama", DEMO_PROMPT)).reshape(-1)
+    width = target.config.hidden_size
+    paths = []
+    for seed in (1, 2):
+        noise = np.random.default_rng(seed).standard_normal((3, len(ids), width)).astype(np.float32)
+        p = tmp_path / f"noise{seed}.safetensors"
+        write_dump(p, {"input_ids": ids, **{f"aux.{i}": noise[i] for i in range(3)}}, force=True)
+        paths.append(p)
+    rep = run_replay(DRAFT, target, paths[0], paths[1], steps=3)
+    every = rep.reference.every_anchor
+    assert rep.verdict == "fail" and [f.code for f in rep.findings][0] == "REPLAY_INCONCLUSIVE", rep.summary
+    assert rep.summary.startswith("inconclusive: the draft scores at chance") and every is not None
+    with open_dump(paths[0]) as d:
+        short = {n: d[n].read_all()[:3] for n in d.tensors}
+    write_dump(tmp_path / "short.safetensors", short, force=True)
+    rep = run_replay(DRAFT, target, tmp_path / "short.safetensors", paths[1], steps=3)
+    assert [f.code for f in rep.findings][0] == "REPLAY_INCONCLUSIVE" and "nothing was scored" in rep.summary
+    assert rep.verdict == "fail"
