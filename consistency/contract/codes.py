@@ -120,7 +120,7 @@ CODES: dict[str, CodeSpec] = {c.code: c for c in (
          "record the dumps on text the target generated greedily, or use --feed auto/teacher; step 1 is exact either way"),
     Code("REPLAY_INCONCLUSIVE", _E,
          "replay scored nothing it could judge: no drafted position, or a reference the draft predicts no better than "
-         "a constant guess",
+         "guessing",
          "replay longer dumps of text the server generates, with the draft's own target; check the draft belongs to it",
          "issue 34: a reference at chance or zero scored positions is never PASS"),
     Code("TOKENS_EXTRA", _W, "the candidate holds tokens the reference lacks (at the start, in the middle or after its end)",

@@ -39,7 +39,6 @@ class Scored:
     scored: int = 0  # anchors whose top-1 was scored (the resolution of ``top1``: one token is 100/scored points)
     anchor_mean: Scored | None = None  # the mean over every drafted anchor, not only the walked ones
     walked_all: bool = False  # no drafted anchor had a verifiable chain: the walk went over every position
-    chance: float = 0.0  # the share of the most frequent next token among the scored positions (a constant guess)
 
 
 def score(proposals: torch.Tensor, labels: torch.Tensor, drafted: torch.Tensor | None = None,
@@ -83,9 +82,6 @@ def _figures(hits: torch.Tensor, labels: torch.Tensor, accepted: torch.Tensor, s
     y1 = labels[1:hits.shape[1] + 1]
     valid1 = (y1 >= 0) & sel if not walked else sel & (accepted >= 0)
     top1 = float(hits[0][valid1].float().mean()) if valid1.any() else 0.0
-    chance = 0.0
-    if valid1.any():
-        chance = float(torch.unique(y1[valid1], return_counts=True)[1].max()) / int(valid1.sum())
     keep = sel & (accepted >= 0)
     acc = accepted[keep].float()
     n_full = int(keep.sum())
@@ -98,23 +94,24 @@ def _figures(hits: torch.Tensor, labels: torch.Tensor, accepted: torch.Tensor, s
         reached = got
     rate = float(acc.mean()) / k_steps if n_full else 0.0
     length = 1.0 + float(acc.mean()) if n_full else 1.0
-    return Scored(hits, top1, rate, length, per_step, n_full, scored=int(valid1.sum()), chance=chance)
+    return Scored(hits, top1, rate, length, per_step, n_full, scored=int(valid1.sum()))
 
 
-def inconclusive(ref: Side, cand: Side, rs: Scored, cs: Scored) -> Finding | None:
+def inconclusive(ref: Side, cand: Side, rs: Scored, cs: Scored, vocab: int) -> Finding | None:
     """REPLAY_INCONCLUSIVE when the scores cannot tell a good candidate from a bad one: no
-    position was scored on a side, or the draft does no better on the reference than a
-    constant guess of the most frequent next token (a drop from chance is no evidence)."""
+    position was scored on a side, or the draft's step-1 hits on the reference are within
+    what guessing uniformly over its ``vocab`` would give (n/V plus three standard deviations
+    of that count): a drop from chance is no evidence."""
     for side, sc in ((ref, rs), (cand, cs)):
         if sc.scored == 0:
             return Finding.make("REPLAY_INCONCLUSIVE", f"{side.path.name}: no drafted position has a verifiable chain "
                                 f"({len(side.ids)} tokens), so nothing was scored", tensor=str(side.path))
     wide = rs.anchor_mean or rs
-    if wide.top1 <= wide.chance:
-        return Finding.make("REPLAY_INCONCLUSIVE", f"the draft scores at chance on the reference: top-1 "
-                            f"{100 * wide.top1:.1f}% over {wide.scored} positions, no better than always guessing the "
-                            f"most frequent next token ({100 * wide.chance:.1f}%); a drop from there says nothing",
-                            tensor=str(ref.path))
+    hits, expected = round(wide.top1 * wide.scored), wide.scored / max(1, vocab)
+    if hits <= expected + 3 * math.sqrt(expected):
+        return Finding.make("REPLAY_INCONCLUSIVE", f"the draft scores at chance on the reference: {hits} step-1 hits "
+                            f"in {wide.scored} positions, where guessing over its {vocab}-token vocabulary gets "
+                            f"{expected:.1f}; a drop from there says nothing", tensor=str(ref.path))
     return None
 
 
@@ -252,7 +249,8 @@ def build_report(d: LoadedDraft | Any, tname: str | None, ref: Side, cand: Side,
         if sc.walked_all:
             notes.append(f"{s.path.name}: no drafted position starts a chain of {k} verifiable steps, so the walk went "
                          "over every position, the prompt included")
-    unscored = inconclusive(ref, cand, rs, cs)
+    summary_of_draft = draft_summary or summarize_draft(d)
+    unscored = inconclusive(ref, cand, rs, cs, summary_of_draft.draft_vocab_size)
     if same_input(ref.path, cand.path):
         unscored = Finding.make("SAME_INPUT", f"the reference and the candidate are the same input ({ref.path.name} and "
                                 f"{cand.path.name}): the draft scores the same on both, so nothing was verified")
@@ -292,7 +290,7 @@ def build_report(d: LoadedDraft | Any, tname: str | None, ref: Side, cand: Side,
         summary = pass_summary(worst, max_drop, cs.rate, min_acceptance) + f": {line}"
     return ReplayReport(version=__version__, verdict=verdict, summary=summary, steps=k, feed=feed,  # type: ignore[arg-type]
                         max_drop_points=max_drop, min_acceptance=min_acceptance,
-                        draft=draft_summary or summarize_draft(d), method=draft_summary.method if draft_summary else "eagle3",
+                        draft=summary_of_draft, method=draft_summary.method if draft_summary else "eagle3",
                         target=tname,
                         reference=side_report(ref, rs, scored_on), candidate=side_report(cand, cs, scored_on), drop=drop,
                         findings=findings, notes=notes, seconds=seconds)
