@@ -230,7 +230,7 @@ def test_a_reference_at_chance_or_nothing_scored_is_inconclusive(tmp_path: Path)
     every = rep.reference.every_anchor
     assert rep.verdict == "fail" and [f.code for f in rep.findings][0] == "REPLAY_INCONCLUSIVE", rep.summary
     assert rep.summary.startswith("inconclusive: the draft scores at chance") and every is not None
-    assert every.top1 * every.scored <= 3  # seeded noise: at most a few hits by luck
+    assert sum(rep.reference.hits) <= 3  # seeded noise: at most a few step-1 hits by luck
     with open_dump(paths[0]) as d:
         short = {n: d[n].read_all()[:3] for n in d.tensors}
     write_dump(tmp_path / "short.safetensors", short, force=True)
