@@ -6,8 +6,9 @@ Aux slots are found the way ``consistency compare`` finds them
 on the last dim: the ``cat(aux, -1)`` a runtime hands the draft's ``fc``.
 
 Labels are the target's own next tokens: the argmax of the dump's ``logits`` when it has
-them, else of a forward of the target on the dump's ``input_ids``, else (no target) the
-recorded next token, which is the target's own only on a greedily generated dump.
+them, else of a forward of the target on the dump's ``input_ids`` (in the serving dtype for a
+bf16/fp16 capture). Without either nothing says what a server would accept: an error naming
+the file, never the recorded next tokens (the target's own only if someone checked).
 """
 
 from __future__ import annotations
