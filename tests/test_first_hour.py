@@ -137,7 +137,15 @@ def test_a_passing_replay_says_what_passed(shifted: tuple[Path, Path]) -> None:
     worst = max(rep.drop.top1_points, rep.drop.acceptance_points)
     assert rep.verdict == "pass" and worst > 20
     assert rep.summary.startswith(f"drop of {worst:.1f} points, within 90: "), rep.summary
-    same = consistency.replay(str(train), str(train), draft="tiny-llama-eagle3", target="tiny-llama",
+    from consistency.dump.reader import open_dump
+    from consistency.record.api import record_reference
+    from consistency.record.models import load_model
+
+    with open_dump(train) as d:  # the same states recorded again (another file: one file twice is SAME_INPUT)
+        ids = d["input_ids"].read_all()
+    again = record_reference(load_model("tiny-llama"), ids, train.with_name("again.safetensors"), [0, 3, 7],
+                             components=False, force=True)
+    same = consistency.replay(str(train), str(again), draft="tiny-llama-eagle3", target="tiny-llama",
                               min_acceptance=0.1)
     assert same.summary.startswith("no drop (within 5 points); acceptance "), same.summary
     assert "clears the floor of 10%" in same.summary

@@ -164,7 +164,8 @@ def test_speculators_mtp_files_replay_as_mtp_training_data(tmp_path: Path) -> No
     base = run_replay(str(d), None, plain, serve, steps=3)
     for f in ("hs_0.safetensors", "hs_1.safetensors"):
         rep = run_replay(str(d), None, root / f, serve, steps=3)
-        assert rep.method == "mtp" and rep.verdict == "pass", rep.summary
+        # an untrained MTP layer: the figures are the reading's proof, the verdict is base's (at chance: inconclusive)
+        assert rep.method == "mtp" and rep.verdict == base.verdict, rep.summary
         assert rep.reference.top1 == base.reference.top1 and rep.reference.hits == base.reference.hits
 
 

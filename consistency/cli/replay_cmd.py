@@ -33,8 +33,9 @@ def parse_sets(values: tuple[str, ...]) -> dict[str, bool]:
 @click.option("--steps", "-k", type=int, help="Chained draft steps per verification (default: the draft's "
               "speculative_tokens, else 3); SGLang's --speculative-num-steps.")
 @click.option("--max-drop-points", "--max-drop", "max_drop", type=float, default=5.0, show_default=True,
-              metavar="POINTS", help="Fail (exit 1) when top-1 accuracy or acceptance rate falls by more than this "
-              "many points (the gate's max_drop_points; --max-drop is the same option).")
+              metavar="POINTS", help="Fail (exit 1) when top-1 accuracy or acceptance rate on the walk a server takes "
+              "(its verify passes) falls by more than this many points (the gate's max_drop_points; --max-drop is the "
+              "same option).")
 @click.option("--min-acceptance", type=float, metavar="FRACTION",
               help="Also fail when the candidate's predicted acceptance rate is below this (0..1).")
 @click.option("--feed", type=click.Choice(["auto", "own", "teacher"]), default="auto", show_default=True,

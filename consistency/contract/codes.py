@@ -123,6 +123,11 @@ CODES: dict[str, CodeSpec] = {c.code: c for c in (
     Code("REPLAY_ESTIMATE", _I,
          "the dump's tokens are not the target's own greedy continuation, so chained steps are an estimate",
          "record the dumps on text the target generated greedily, or use --feed auto/teacher; step 1 is exact either way"),
+    Code("REPLAY_INCONCLUSIVE", _E,
+         "replay scored nothing it could judge: no drafted position, or a reference the draft predicts no better than "
+         "guessing",
+         "replay longer dumps of text the server generates, with the draft's own target; check the draft belongs to it",
+         "issue 34: a reference at chance or zero scored positions is never PASS"),
     Code("TOKENS_EXTRA", _W, "the candidate holds tokens the reference lacks (at the start, in the middle or after its end)",
          "tokenize the same way on both sides: same chat template, same system prompt, same BOS handling; "
          "tokens after the reference's end (decode steps) are expected and only reported",
@@ -303,6 +308,7 @@ _PROPERTIES: dict[str, dict[str, object]] = {
     "EXPECTATION_UNKNOWN": {"unchecked": True},
     "NOTHING_COMPARED": {"unchecked": True},
     "SAME_INPUT": {"unchecked": True, "leads": True},
+    "REPLAY_INCONCLUSIVE": {"unchecked": True},
     "SIDES_SWAPPED": {"leads": True},
     "STAGE_MISSING": {"leads": True},
     "CONTRACT_CONFLICT": {"leads": True},

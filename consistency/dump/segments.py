@@ -18,8 +18,10 @@ when it is the last pass's capture of its position and the next pass continued f
 
 Everything here is data (:class:`Verify`, gap notes as plain facts); consistency.diagnose
 words it. A request's *generation* starts at its first decode pass (one row) or verify
-pass (one that rewinds, or is rewound into): rows from there on are the response a server
-drafts on (replay scores there when nothing better says which positions were drafted).
+pass (one that rewinds, or is rewound into, or one of the request's trailing passes of one
+length, :func:`verify_passes`: a pass that accepted every draft rewinds nothing): rows from
+there on are the response a server drafts on (replay scores there when nothing better says
+which positions were drafted).
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ class Segment:
     ambiguous: list[int] = field(default_factory=list)  # positions a pass held twice (not kept)
     generated_from: int | None = None  # first position of the request's first decode or verify pass
     block: tuple[int, int] | None = None  # (pass, position): a tree inside that pass from that position on
+    spans: list[tuple[int, int, int]] = field(default_factory=list)  # (pass, first position, rows) of each run added
 
     @property
     def start(self) -> int | None:
@@ -110,6 +113,7 @@ class Joiner:
     def add(self, seg: Segment, k: int, rows: list[int], pos: list[int], where: str) -> None:
         """Rows ``rows`` (positions ``pos``, consecutive) of pass ``k`` continue ``seg``."""
         start = pos[0]
+        seg.spans.append((k, start, len(rows)))
         if seg.block is not None and seg.block[0] == k and start >= seg.block[1]:
             seg.ambiguous += pos
             return
@@ -161,7 +165,10 @@ class Joiner:
     def finish(self) -> list[Segment]:
         """Drop each request's unconfirmed drafted rows; tally the facts."""
         for seg in self.segs:
-            if seg.rewinds and seg.positions:
+            verified = verify_passes(seg)
+            if verified is not None:
+                seg.generation(verified)
+            if (seg.rewinds or verified is not None) and seg.positions:
                 at = seg.last_pass_start() + 1
                 n = seg.cut(at) if at < len(seg.rows) else 0
                 seg.unconfirmed += n
@@ -169,6 +176,34 @@ class Joiner:
             self.verify.ambiguous += len(seg.ambiguous)
             self.verify.requests += bool(seg.rewinds)
         return self.segs
+
+
+MIN_VERIFY_PASSES = 2  # equal-length passes in a row before they read as verify passes without a rewind
+
+
+def verify_passes(seg: Segment) -> int | None:
+    """The first position of a request's verify passes, read from their lengths: a chain server
+    verifies ``[root, d1..dK]`` in every pass, so K+1 rows each however many drafts the target
+    accepted; a pass that accepts all of them is continued at its end, with no rewind to show it.
+    The request's trailing passes of one length L >= 2 (at least two of them, after its first
+    pass) are verify passes when a rewind confirmed that the request speculates or L is shorter
+    than its first pass (prefill chunks are as long as the first one, but for the last)."""
+    passes: list[tuple[int, int, int]] = []
+    for k, start, n in seg.spans:  # one entry per pass (a tree's runs are one pass)
+        if passes and passes[-1][0] == k:
+            passes[-1] = (k, passes[-1][1], passes[-1][2] + n)
+        else:
+            passes.append((k, start, n))
+    if len(passes) < 1 + MIN_VERIFY_PASSES:
+        return None
+    first, rest = passes[0], passes[1:]
+    length = rest[-1][2]
+    run = 0
+    while run < len(rest) and rest[-1 - run][2] == length:
+        run += 1
+    if length < 2 or run < MIN_VERIFY_PASSES or not (seg.rewinds or length < first[2]):
+        return None
+    return rest[-run][1]
 
 
 def runs(pos: np.ndarray) -> list[tuple[int, int]]:

@@ -4,7 +4,8 @@ Scoring, for anchors i (the target has verified ``x[..i+1]``): step k (1-based) 
 chain proposes the token at ``i+k+1`` and is accepted when it equals the target's own next
 token there, ``y[i+k]``; a chain stops at its first rejection (greedy verification, topk 1).
 The mean accepted length counts the bonus token the target adds at every verification,
-as SGLang's ``accept length`` and the EAGLE papers' tau do: 1 + accepted drafts, 1..K+1.
+as SGLang's ``accept length`` and the EAGLE papers' tau do: 1 + accepted drafts, 1..K+1,
+averaged over the anchors a chain server verifies at (replay/walk.py), not over every anchor.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ def replay_side(draft: LoadedDraft, side: Side, steps: int, feed: str = "own",
     if int(side.ids.max()) >= vt or int(side.ids.min()) < 0:
         raise InputError(side.path, f"token ids outside the draft's target vocabulary 0..{vt - 1}")
     out = run_chain(draft.model, aux, nxt, steps, feed=feed, teacher=teacher)
-    return score(out.tokens[:, 0], side.labels, drafted)
+    return score(out.tokens[:, 0], side.labels, drafted, side.segments)
 
 
 def run_replay(draft: str | Path, target: str | Any | None, reference: str | Path, candidate: str | Path,

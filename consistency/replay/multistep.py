@@ -200,7 +200,7 @@ def replay_multistep(method: str, draft: str | Path, target: str | Any | None, r
         out = run_steps(m, side.aux, side.ids, k, loaded.spec.recycle, attention="chain", feed=feed, recorded=rec,
                         step0_ids=ids0)
         assert out.proposals is not None
-        scored.append(score(out.proposals, side.labels, mask))
+        scored.append(score(out.proposals, side.labels, mask, side.segments))
         fed.append(describe_recycle(out, rec, loaded.spec.recycle, side.aux))
     summary = DraftSummary(path=str(loaded.path), layout=loaded.layout, hidden_size=h, target_hidden_size=h, num_aux=1,
                            num_layers=len(getattr(m, "layers", [])) or 1, draft_vocab_size=m.vocab_size,

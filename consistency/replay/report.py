@@ -15,7 +15,8 @@ from consistency.contract.findings import ReportHeader
 from consistency.contract.models import ConsumerSpec
 from consistency.contract.schema import register
 
-REPLAY_CODES = tuple(F.CODES[c] for c in ("ACCEPTANCE_DROP", "ACCEPTANCE_LOW", "DRAFT_WEAK", "REPLAY_ESTIMATE"))
+REPLAY_CODES = tuple(F.CODES[c] for c in ("ACCEPTANCE_DROP", "ACCEPTANCE_LOW", "DRAFT_WEAK", "REPLAY_ESTIMATE",
+                                                "REPLAY_INCONCLUSIVE", "SAME_INPUT"))
 
 
 class StepStats(BaseModel):
@@ -36,13 +37,18 @@ class Figures(BaseModel):
 class SideReplay(BaseModel):
     path: str
     tokens: int
-    anchors: int = Field(description="Positions that start a chain of all `steps` draft steps")
+    anchors: int = Field(description="Anchors a chain server verifies at: from each request's first drafted anchor, "
+                         "a pass that accepts a drafts moves the next one a + 1 tokens on (docs/replay.md)")
     slots: list[str]
     claimed_streams: list[int] | None = None
     aux_dtype: str | None = None
     label_source: Literal["logits", "target", "input_ids"]
+    label_dtype: str | None = Field(None, description="The dtype of the target forward behind the labels: the serving "
+                                    "dtype for a bf16/fp16 capture (its server verifies with that argmax), else float32")
+    label_changed: int | None = Field(None, description="Positions whose label in label_dtype differs from float32's")
     greedy_agreement: float | None = Field(None, description="Share of positions whose next recorded token is the target's own")
-    top1: float = Field(description="Step-1 top-1 accuracy against the target's next token")
+    top1: float = Field(description="Step-1 top-1 accuracy against the target's next token, at the anchors a server "
+                        "verifies at")
     acceptance_rate: float = Field(description="Accepted draft tokens over drafted tokens, greedy verification")
     accept_length: float = Field(description="Mean tokens per verification step, bonus token included (1..steps+1)")
     per_step: list[StepStats]
@@ -51,6 +57,8 @@ class SideReplay(BaseModel):
         "rows (what a server drafts on), or every position")
     all_positions: Figures | None = Field(None, description="The same figures over every position, prompt included "
                                           "(when scored_on narrowed them)")
+    every_anchor: Figures | None = Field(None, description="The mean over every drafted anchor (not only those a "
+                                         "server verifies at): higher than a server measures, more so as steps grow")
     hits: list[int] = Field(default_factory=list, description="Step-1 hit (1) or miss (0) per position")
     recycle_fed: str | None = Field(None, description="MTP / EAGLE-1: what steps >= 2 were fed (recorded recycle.k, "
                                     "or the draft's contract when the dump records none)")
@@ -96,6 +104,8 @@ class ReplayReport(ReportHeader):
     method: Literal["eagle3", "mtp", "eagle1"] = Field("eagle3", description="The draft's kind: EAGLE-3 (aux streams), "
                                                        "MTP (DeepSeek-V3 style NextN) or EAGLE-1/2")
     steps: int
+    prediction: str = Field("walk", description="The model behind the figures: 'walk' is a chain server (topk 1, "
+                            "greedy verification) verifying at anchor i, then i + accepted + 1 (docs/replay.md)")
     feed: Literal["own", "teacher"] = Field("own", description="What chained steps were fed: the draft's own proposals or the recorded tokens")
     max_drop_points: float
     min_acceptance: float | None = Field(None, description="Required floor on the candidate's acceptance rate (0..1)")

@@ -6,8 +6,9 @@ Aux slots are found the way ``consistency compare`` finds them
 on the last dim: the ``cat(aux, -1)`` a runtime hands the draft's ``fc``.
 
 Labels are the target's own next tokens: the argmax of the dump's ``logits`` when it has
-them, else of a forward of the target on the dump's ``input_ids``, else (no target) the
-recorded next token, which is the target's own only on a greedily generated dump.
+them, else of a forward of the target on the dump's ``input_ids`` (in the serving dtype for a
+bf16/fp16 capture). Without either nothing says what a server would accept: an error naming
+the file, never the recorded next tokens (the target's own only if someone checked).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from consistency.dump import names
 from consistency.dump.reader import Dump, TensorView
 from consistency.dump.sets import open_side
 from consistency.dump.stitch import stitch
-from consistency.errors import InputError
+from consistency.errors import InputError, UsageError
 from consistency.replay.checks import check_model, check_streams
 
 CHUNK_ROWS = 4096
@@ -49,6 +50,8 @@ class Side:
     drafted: torch.Tensor | None = None  # [T] bool: tokens a server generated (a loss mask, decode/verify rows)
     drafted_source: str = "all"  # "loss_mask", "response" or "all"
     segments: list[tuple[int, int]] | None = None  # each request's [start, stop) when the dump holds several
+    label_dtype: str | None = None  # the dtype of the target forward behind the labels (None: logits)
+    label_changed: int | None = None  # labels whose serving-dtype argmax differs from float32's
 
 
 def _rows(view: TensorView) -> torch.Tensor:
@@ -119,11 +122,12 @@ def read_side(path: str | Path, num_aux: int, width: int, target: Any | None, la
             raise InputError(p, "aux slots hold NaN or Inf values")
         dtype = slots[0].dtype
         meta = d.metadata
-        y, source = _labels(d, ids, target, labels, cache if cache is not None else {}, bounds)
+        y, source, (label_dtype, changed) = _labels(d, ids, target, labels, cache if cache is not None else {}, bounds,
+                                                    dtype)
         drafted, drafted_source = _drafted(d, layout.response(), len(ids))
     agree = None if source == "input_ids" else float((ids[1:] == y[:-1]).float().mean())
     return Side(p, ids, aux, [v.name for v in slots], info.claimed_streams, dtype, y, source, agree, meta, drafted,
-                drafted_source, bounds)
+                drafted_source, bounds, label_dtype=label_dtype, label_changed=changed)
 
 
 def _drafted(d: Dump, response: np.ndarray | None, t: int) -> tuple[torch.Tensor | None, str]:
@@ -136,42 +140,66 @@ def _drafted(d: Dump, response: np.ndarray | None, t: int) -> tuple[torch.Tensor
     return None, "all"
 
 
-def _labels(d: Dump, ids: torch.Tensor, target: Any | None, mode: str,
-            cache: dict[bytes, torch.Tensor], bounds: list[tuple[int, int]] | None = None) -> tuple[torch.Tensor, str]:
-    """``bounds``: the requests of a dump holding several; the target reads each on its own."""
+SERVING_DTYPES = ("bfloat16", "float16")  # a server running the target in these verifies with their argmax
+
+
+def _labels(d: Dump, ids: torch.Tensor, target: Any | None, mode: str, cache: dict[bytes, torch.Tensor],
+            bounds: list[tuple[int, int]] | None = None,
+            dtype: str | None = None) -> tuple[torch.Tensor, str, tuple[str | None, int | None]]:
+    """``bounds``: the requests of a dump holding several; the target reads each on its own.
+    ``dtype``: the aux states' dtype. A bf16/fp16 capture comes from a server running the
+    target in that dtype, whose verify accepts its own argmax: the labels are computed in it
+    (a float32 target's argmax differs on a few percent of positions); returned with the
+    labels' dtype and how many differ from float32's."""
     t = len(ids)
     if mode in ("auto", "logits") and names.LOGITS in d:
         v = d[names.LOGITS]
         if v.rows != t:
             raise InputError(d.path, f"'logits' has {v.rows} rows but 'input_ids' has {t} tokens")
         out = [torch.from_numpy(v.rows_float(s, min(t, s + 512))).argmax(-1) for s in range(0, t, 512)]
-        return torch.cat(out), "logits"
+        return torch.cat(out), "logits", (None, None)
     if mode == "logits":
         raise InputError(d.path, "has no 'logits' (--labels logits)")
     if mode in ("auto", "target") and target is not None:
-        parts = []
-        for a, b in bounds or [(0, t)]:
-            key = ids[a:b].numpy().tobytes()
-            if key not in cache:
-                cache[key] = target_next_tokens(target, ids[a:b])
-            parts.append(cache[key])
-        return torch.cat(parts), "target"
+        serving = dtype if dtype in SERVING_DTYPES else None
+        y = _target_labels(target, ids, bounds, cache, None)
+        if serving is None:
+            return y, "target", ("float32", None)
+        ys = _target_labels(target, ids, bounds, cache, serving)
+        return ys, "target", (serving, int((ys != y).sum()))
     if mode == "target":
         raise InputError(d.path, "--labels target needs --target")
-    y = torch.empty_like(ids)
-    y[:-1] = ids[1:]
-    y[-1] = -1  # unknown: the last position has no recorded next token
-    return y, "input_ids"
+    if mode == "input_ids":
+        raise UsageError("--labels input_ids: the recorded next tokens are not the target's own next tokens, so they "
+                         "score no serving acceptance; give --target (or dumps with 'logits')")
+    raise InputError(d.path, "acceptance could not be scored: the dump has no 'logits' and no --target was given, so "
+                             "nothing says which next token the target would verify (the recorded next tokens are not "
+                             "the target's own); give --target")
+
+
+def _target_labels(target: Any, ids: torch.Tensor, bounds: list[tuple[int, int]] | None,
+                   cache: dict[bytes, torch.Tensor], dtype: str | None) -> torch.Tensor:
+    parts, model = [], None
+    for a, b in bounds or [(0, len(ids))]:
+        key = (dtype or "float32").encode() + b":" + ids[a:b].numpy().tobytes()
+        if key not in cache:
+            if model is None:  # a copy, cast once: casting the caller's model would change its other uses
+                import copy
+
+                model = target if dtype is None else copy.deepcopy(target).to(getattr(torch, dtype))
+            cache[key] = target_next_tokens(model, ids[a:b])
+        parts.append(cache[key])
+    return torch.cat(parts)
 
 
 @torch.no_grad()
 def target_next_tokens(target: Any, ids: torch.Tensor) -> torch.Tensor:
-    """The target's greedy next token at every position (one forward, fp32 on CPU)."""
+    """The target's greedy next token at every position (one forward, in the model's dtype)."""
     vocab = int(getattr(getattr(target.config, "text_config", None) or target.config, "vocab_size", 0) or 0)
     if vocab and int(ids.max()) >= vocab:
         raise InputError(None, f"token id {int(ids.max())} is outside the target's vocabulary of {vocab}")
     out = target(input_ids=ids[None])
-    return out.logits[0].argmax(-1)
+    return out.logits[0].float().argmax(-1)
 
 
 def truncate(side: Side, n: int, start: int = 0) -> Side:
@@ -179,5 +207,8 @@ def truncate(side: Side, n: int, start: int = 0) -> Side:
     if start == 0 and n >= len(side.ids):
         return side
     sl = slice(start, start + n)
+    segs = None
+    if side.segments is not None:  # each request's bounds on the kept tokens
+        segs = [(max(a - start, 0), min(b - start, n)) for a, b in side.segments if min(b - start, n) > max(a - start, 0)]
     return replace(side, ids=side.ids[sl], aux=side.aux[sl], labels=side.labels[sl],
-                   drafted=side.drafted[sl] if side.drafted is not None else None)
+                   drafted=side.drafted[sl] if side.drafted is not None else None, segments=segs)

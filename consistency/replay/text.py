@@ -27,6 +27,10 @@ def _side_label(s: SideReplay) -> str:
     return term(f"{s.aux_dtype}{streams}")
 
 
+def _labels(s: SideReplay) -> str:
+    return f"{s.label_source} {s.label_dtype}" if s.label_dtype else s.label_source
+
+
 def verdict_line(rep: ReplayReport) -> Text:
     style = "bold green" if rep.verdict == "pass" else "bold red"
     return Text.assemble((rep.verdict.upper(), style), "  ", term(rep.summary))
@@ -64,8 +68,8 @@ def render(rep: ReplayReport, con: Console, quiet: bool = False) -> None:
     for rs, cs in zip(r.per_step, c.per_step):
         t.add_row(f"  step {rs.step} accepted | reached", f"{_pct(rs.conditional)} of {rs.reached}",
                   f"{_pct(cs.conditional)} of {cs.reached}", "")
-    t.add_row("tokens / chains", f"{r.tokens} / {r.anchors}", f"{c.tokens} / {c.anchors}", "")
-    t.add_row("labels", Text(term(r.label_source)), Text(term(c.label_source)), "")
+    t.add_row("tokens / verify passes", f"{r.tokens} / {r.anchors}", f"{c.tokens} / {c.anchors}", "")
+    t.add_row("labels", Text(term(_labels(r))), Text(term(_labels(c))), "")
     if r.recycle_fed or c.recycle_fed:  # MTP / EAGLE-1: what steps >= 2 read
         t.add_row("recycle fed", Text(term(r.recycle_fed or "-")), Text(term(c.recycle_fed or "-")), "")
     con.print(t)
