@@ -355,3 +355,16 @@ def test_gzip_bomb_is_refused_before_it_fills_memory(tmp_path, monkeypatch):
     monkeypatch.setenv("CONSISTENCY_MAX_GUNZIP_BYTES", "lots")
     with pytest.raises(UsageError, match="CONSISTENCY_MAX_GUNZIP_BYTES"):
         open_side(p)
+
+
+def test_gzip_bomb_bound_scales_with_the_compressed_size(tmp_path, monkeypatch):
+    """Without the variable a .ckpt.gz may inflate to 64x its size (at least 256 MiB): a 300 MiB
+    run of zeros deflates to ~300 KB, past 256 MiB it is refused (it once could write 16 GiB)."""
+    monkeypatch.delenv("CONSISTENCY_MAX_GUNZIP_BYTES", raising=False)
+    p = tmp_path / "data_0.ckpt.gz"
+    with gzip.open(p, "wb", compresslevel=9) as g:
+        for _ in range(300):
+            g.write(bytes(1 << 20))
+    assert p.stat().st_size * 64 < 256 << 20
+    with pytest.raises(InputError, match=r"decompresses to more than 268435456 bytes"):
+        open_side(p)

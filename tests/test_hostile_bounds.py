@@ -524,3 +524,37 @@ def test_a_refused_capture_gives_back_its_reservation_and_compare_never_passes_o
     drop = [f for f in rep.findings if f.code == "CAPTURES_DROPPED"]
     assert rep.verdict != "pass" and len(drop) == 1, (rep.verdict, [f.code for f in rep.findings])
     assert drop[0].metrics["dropped"] == {"hidden.5": 1} and "hidden.5 refused" in drop[0].message
+
+
+def test_a_ckpt_gz_swapped_for_a_fifo_after_its_check_is_read_from_the_checked_descriptor(tmp_path, monkeypatch):
+    """The SpecForge reader checks the path (open_regular: non-blocking, a regular file) and then
+    gunzips it: from that descriptor, never by reopening the name, which a FIFO may have
+    replaced in between (a reopen by name blocked forever)."""
+    import gzip
+
+    from consistency.dump.formats import specforge
+
+    p = tmp_path / "data_0.ckpt.gz"
+    p.write_bytes(gzip.compress(b"not a torch zip at all" * 10))
+    real = specforge.open_regular
+
+    def open_then_swap(path):
+        fd = real(path)
+        os.unlink(path)
+        os.mkfifo(path)  # the name now blocks any reader that opens it again
+        return fd
+
+    monkeypatch.setattr(specforge, "open_regular", open_then_swap)
+    done: list[object] = []
+
+    def load() -> None:
+        try:
+            specforge.load_record(p)
+        except InputError as exc:
+            done.append(exc)
+
+    t = threading.Thread(target=load, daemon=True)
+    t.start()
+    t.join(20)
+    assert not t.is_alive(), "the .ckpt.gz reader reopened a path swapped for a FIFO"
+    assert done and "data_0.ckpt.gz" in str(done[0]) and "torch.save zip" in str(done[0]), done

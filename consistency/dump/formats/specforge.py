@@ -62,11 +62,11 @@ def load_record(path: Path) -> dict[str, Any]:
     fd = open_regular(path)  # refuses directories, devices and FIFOs
     try:
         head = os.pread(fd, 4, 0)
+        if head[:2] == GZIP_MAGIC:  # gunzipped from the descriptor checked, never reopened by name (a FIFO swap)
+            with _gunzipped(path, fd) as tmp:
+                return _read(path, tmp)
     finally:
         os.close(fd)
-    if head[:2] == GZIP_MAGIC:
-        with _gunzipped(path) as tmp:
-            return _read(path, tmp)
     if head[:2] != b"PK":  # legacy torch.save or a bare pickle: only pickle could read it
         raise InputError(path, "refused: not a torch.save zip archive (a raw or legacy pickle stream); consistency "
                                "reads .ckpt files with its restricted torch.save reader only, which runs no pickle; "
@@ -100,17 +100,19 @@ def _read(path: Path, source: Path) -> dict[str, Any]:
 class _gunzipped:  # noqa: N801 - a context manager read as a phrase
     """The decompressed stream in a temporary file (unlinked on exit), at most the gunzip bound."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, fd: int) -> None:
         self.path = path
+        self.fd = fd
 
     def __enter__(self) -> Path:
         import tempfile
 
-        limit = _limit()
+        limit = _limit(os.fstat(self.fd).st_size)
         fd, name = tempfile.mkstemp(prefix="consistency-ckpt-", suffix=".pt")
         self.tmp = Path(name)
         try:
-            with os.fdopen(fd, "wb") as out, gzip.open(self.path, "rb") as g:
+            with os.fdopen(fd, "wb") as out, os.fdopen(os.dup(self.fd), "rb") as raw, \
+                    gzip.GzipFile(fileobj=raw, mode="rb") as g:
                 n = 0
                 while chunk := g.read(16 * 1024 * 1024):
                     n += len(chunk)
@@ -130,10 +132,13 @@ class _gunzipped:  # noqa: N801 - a context manager read as a phrase
         self.tmp.unlink(missing_ok=True)
 
 
-def _limit() -> int:
+def _limit(size: int) -> int:
+    """What a .ckpt.gz of ``size`` bytes may inflate to: hidden states compress about 1.1-2x, so
+    64x its size (at least 256 MiB, at most the 16 GiB cap) bounds an honest file with room to
+    spare and keeps a small gzip bomb from filling the disk; the variable, when set, decides."""
     text = os.environ.get(ENV_MAX_GUNZIP)
     if not text:
-        return MAX_GUNZIP_BYTES
+        return min(MAX_GUNZIP_BYTES, max(256 * 1024**2, 64 * size))
     try:
         return int(text)
     except ValueError:
