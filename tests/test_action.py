@@ -151,6 +151,9 @@ def _project(tmp: Path, draft: str, runtime: str) -> Path:
     return tmp
 
 
+FILE_SUFFIXES = {".json", ".yaml", ".yml", ".toml", ".safetensors", ".npz", ".pt", ".pth", ".ckpt", ".gz"}
+
+
 def _documented_inputs() -> set[str]:
     """Every input file a documented consistency.toml names (docs/ci.md, the tutorial), as a
     repository path; a draft directory stands for its config.json and its weights."""
@@ -169,7 +172,8 @@ def _documented_inputs() -> set[str]:
                     v = entry.get(key)
                     if not isinstance(v, str) or ":" in v or v.startswith("tiny-"):
                         continue  # "specforge:1,29,57" and built-in names are not files
-                    found |= {v} if Path(v).suffix else {f"{v}/config.json", f"{v}/model.safetensors"}
+                    is_file = Path(v).suffix in FILE_SUFFIXES  # "models/kimi-k2.5" is a directory, not a ".5" file
+                    found |= {v} if is_file else {f"{v}/config.json", f"{v}/model.safetensors"}
     return found
 
 
