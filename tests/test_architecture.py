@@ -152,3 +152,73 @@ def test_findings_page_is_generated_from_the_registry():
     assert codes_doc.stray(docs) == []
     assert (docs / "findings.md").read_text() == codes_doc.render(docs), \
         "docs/findings.md is stale: run python -m consistency.contract.codes_doc"
+
+
+# Modules another engineer is changing this round; their code literals move to C.* when they land
+# (issue 38 item 3). The list only shrinks: a new module never joins it.
+CODE_LITERALS_PENDING = {"consistency/replay", "consistency/diagnose/summary.py"}
+
+
+def _emitted_code_args(tree: ast.AST) -> list[ast.expr]:
+    """The expressions a finding's code comes from: ``X.make(code, ...)`` and ``code=...``."""
+    out: list[ast.expr] = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        if isinstance(node.func, ast.Attribute) and node.func.attr == "make" and node.args:
+            out.append(node.args[0])
+        out += [k.value for k in node.keywords if k.arg == "code"]
+    return out
+
+
+def _leaves(e: ast.expr) -> list[ast.expr]:
+    if isinstance(e, ast.IfExp):
+        return _leaves(e.body) + _leaves(e.orelse)
+    if isinstance(e, ast.BoolOp):
+        return [x for v in e.values for x in _leaves(v)]
+    return [e]
+
+
+def test_every_emitted_code_is_a_registry_constant():
+    """A code is one row of contract/codes.py and is written ``C.NAME``: a string literal in
+    ``Finding.make("...")`` or ``code="..."`` is a typo waiting for the line to run (issue 38), and
+    ``C.NAME`` must name a row. In compare/ and diagnose/ no code is spelt as a string at all
+    (tables of codes included)."""
+    from consistency.contract.codes import CODES
+
+    bad: list[str] = []
+    for f in sorted(PKG.rglob("*.py")):
+        rel = f.relative_to(ROOT).as_posix()
+        if rel == "consistency/contract/codes.py" or any(rel.startswith(p) for p in CODE_LITERALS_PENDING):
+            continue
+        tree = ast.parse(f.read_text(), rel)
+        codes_c = any(isinstance(n, ast.ImportFrom) and n.module in ("consistency.contract.codes",
+                      "consistency.contract.findings") and any(a.name == "C" and not a.asname for a in n.names)
+                      for n in ast.walk(tree))
+        for e in _emitted_code_args(tree):
+            bad += [f"{rel}:{x.lineno}: code {x.value!r} as a string literal (write C.{x.value})"
+                    for x in _leaves(e) if isinstance(x, ast.Constant) and isinstance(x.value, str)]
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "C" \
+                    and codes_c and node.attr not in CODES:
+                bad.append(f"{rel}:{node.lineno}: C.{node.attr} is not a row of contract/codes.py")
+            if rel.startswith(("consistency/compare/", "consistency/diagnose/")) and isinstance(node, ast.Constant) \
+                    and isinstance(node.value, str) and node.value in CODES:
+                bad.append(f"{rel}:{node.lineno}: code {node.value!r} as a string literal (write C.{node.value})")
+    assert bad == [], "\n".join(bad)
+
+
+def test_code_constants_are_the_rows():
+    """C is generated from the rows: one constant per row, equal to its code, and a misspelt
+    constant fails where it is read (never a KeyError later, in the middle of a report)."""
+    import pytest
+
+    from consistency.contract.codes import CODES, ROWS, C
+
+    assert [c.code for c in ROWS] == list(CODES) and len(set(CODES)) == len(ROWS)
+    assert all(getattr(C, code) == code for code in CODES)
+    with pytest.raises(AttributeError, match="not a finding code"):
+        C.LAYER_MISMATHC  # noqa: B018
+    with pytest.raises(AttributeError):
+        C.OK = "NOT_OK"
+
