@@ -222,3 +222,43 @@ def test_code_constants_are_the_rows():
     with pytest.raises(AttributeError):
         C.OK = "NOT_OK"
 
+
+def test_every_rule_page_is_generated_from_its_row():
+    """docs/rules/<CODE>.md is the rule's row (lint/rules/) around its hand-written text
+    (lint/pages/<CODE>.md): 11 of 41 pages once disagreed with the registry (SRV007's fix in
+    substance). A page of no rule, or a fragment of no rule, is stale too."""
+    from consistency.lint import rules_doc
+    from consistency.lint.rules import REGISTRY
+
+    docs = ROOT / "docs"
+    assert rules_doc.stale(docs) == [], "docs/rules is stale: run python -m consistency.lint.rules_doc"
+    for code, rule in REGISTRY.items():
+        page = (docs / "rules" / f"{code}.md").read_text(encoding="utf-8")
+        assert page.startswith(f"# {code} {rule.name}\n") and f"**{rule.severity.value}**" in page
+        assert " ".join(rule.fix.split())[1:] in " ".join(page.split()), code  # the row's fix, word for word
+        assert (rules_doc.FRAGMENTS / f"{code}.md").is_file(), f"{code} has no hand-written why/example"
+
+
+def test_every_report_link_points_at_a_page_that_exists():
+    """A finding's or a rule's ``doc`` becomes a link in SARIF (helpUri), the gate's step summary
+    and annotations: absolute (the user's repository has no docs/), and what it names exists here
+    (the page, and for a finding code its anchor)."""
+    import re
+
+    from consistency.contract.codes import CODES
+    from consistency.lint.rules import REGISTRY
+    from consistency.report.ci_formats import markdown_summary
+    from consistency.report.links import PUBLISHED_DOCS, published
+
+    docs = [c.doc for c in CODES.values()] + [r.doc for r in REGISTRY.values()]
+    findings_page = (ROOT / "docs" / "findings.md").read_text(encoding="utf-8")
+    for doc in docs:
+        url = published(doc)
+        assert url is not None and url.startswith(PUBLISHED_DOCS), doc
+        path, _, anchor = url[len(PUBLISHED_DOCS):].partition("#")
+        assert (ROOT / "docs" / path).is_file(), doc
+        assert not anchor or re.search(rf"^## {re.escape(anchor)}$", findings_page, re.M), doc
+    rule = REGISTRY["SRV007"]
+    md = markdown_summary({"verdict": "fail", "checks": [{"kind": "lint", "name": "draft", "verdict": "fail", "cases": [
+        {"status": "failed", "name": rule.code, "message": "m", "doc": rule.doc}]}]})
+    assert f"({published(rule.doc)})" in md and f"({rule.doc})" not in md

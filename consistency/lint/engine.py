@@ -25,6 +25,7 @@ from consistency.lint.fix_rules import propose
 from consistency.lint.kind import LABEL, draft_kind, requested
 from consistency.lint.plan import alternatives, arch_key, serving_plan
 from consistency.lint.rules import Rule, select
+from consistency.lint.rules.base import EAGLE3
 from consistency.lint.rules.runtimes import draft_slots
 from consistency.lint.serve import adopt_speculators, parse_serve
 from consistency.lint.trained import from_draft, parse_trained_with
@@ -173,15 +174,15 @@ def _target(req: LintRequest, ctx: Context, notes: list[str]) -> TargetInfo | No
     return None
 
 
-# Rules about EAGLE-3's aux streams, fc, vocabulary map and norm flags: for another kind of
-# draft (MTP, EAGLE-1, Medusa) they are not evaluated, never passed (lint/kind.py decides the kind).
+# Rules whose row says they concern aux-stream drafts (EAGLE3: aux streams, fc, vocabulary map,
+# norm flags): for another kind of draft (MTP, EAGLE-1, Medusa) they are not evaluated, never
+# passed (lint/kind.py decides the kind).
 LAST_HIDDEN = (Consumer.mtp, Consumer.eagle1, Consumer.medusa)  # drafts that read one last state, no aux ids
-EAGLE3_ONLY = ("IDS", "SHP001", "SHP004", "NRM", "VOC", "SRV003", "SRV005", "SRV007")  # SRV004: any kind on SGLang
 
 
 def not_applicable(rule: Rule, ctx: Context) -> str | None:
     """Why ``rule`` does not concern this draft at all (not a pass, not a missing input)."""
-    if rule.code.startswith(EAGLE3_ONLY) and ctx.kind in LAST_HIDDEN:
+    if rule.applies_to == EAGLE3 and ctx.kind in LAST_HIDDEN:
         return f"an EAGLE-3 aux-stream rule, and the draft here is {LABEL[ctx.kind]}"
     return None
 
