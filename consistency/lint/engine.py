@@ -7,6 +7,7 @@ small ``d2t``/``t2d`` tensors are read.
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,8 +35,16 @@ RUNTIMES = ("sglang", "vllm")
 _CONFIG_RULES = ("IDS", "SHP", "VOC", "NRM")  # findings located in the draft config by default
 
 
-@dataclass
+FAIL_ON = ("error", "warning")  # the severities a run can fail on (the gate's config reads this too)
+_TEXT = ("draft", "target", "serve", "runtime", "trained_with")
+
+
+@dataclass(frozen=True)
 class LintRequest:
+    """What a lint run is asked to check, validated here and nowhere else: the CLI, the gate and
+    the Python API each build one, and a bad field is a usage error naming the field before
+    anything is read. Frozen: the engine and ``--fix`` read it, never edit it."""
+
     draft: str | None = None
     target: str | None = None
     serve: str | None = None
@@ -44,6 +53,22 @@ class LintRequest:
     select: tuple[str, ...] = ()
     ignore: tuple[str, ...] = ()
     fail_on: str = "error"  # or "warning"
+
+    def __post_init__(self) -> None:
+        for name in _TEXT:
+            v = getattr(self, name)
+            if isinstance(v, os.PathLike):
+                object.__setattr__(self, name, os.fspath(v))
+            elif v is not None and not isinstance(v, str):
+                raise UsageError(f"lint: {name} must be a string or a path, got {type(v).__name__}")
+        for name in ("select", "ignore"):
+            v = getattr(self, name)
+            v = () if v is None else (v,) if isinstance(v, str) else tuple(v)
+            if not all(isinstance(x, str) for x in v):
+                raise UsageError(f"lint: {name} must be rule codes (strings), got {v!r}")
+            object.__setattr__(self, name, v)
+        if self.fail_on not in FAIL_ON:
+            raise UsageError(f"fail_on must be 'error' or 'warning', got {self.fail_on!r}")
 
 
 @dataclass
