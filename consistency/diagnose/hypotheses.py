@@ -356,5 +356,3 @@ REGISTRY: tuple[Hypothesis, ...] = (
     Hypothesis(C.CONCAT_ORDER, draft_steps.concat_order),  # draft_cat.k only (drafts beyond EAGLE-3)
     Hypothesis(C.LAYER_MISMATCH, stream_for_unnamed_slot),  # last: only when nothing else explains it
 )
-
-BY_CODE = {h.code: h for h in reversed(REGISTRY)}  # the first entry of a code wins

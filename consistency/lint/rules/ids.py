@@ -12,8 +12,6 @@ from consistency.lint.plan import ID_KEYS
 from consistency.lint.rules.base import EAGLE3, E, W, Hit, fmt_streams, rule
 from consistency.lint.trained import from_draft
 
-_PR = "conventions.md 'who means what by layer id'"
-
 
 @rule("IDS001", "ids-default-fallback", W, "no aux ids where the serving runtime reads them: it uses its default",
       "sglang spec_aux_hidden_state.py _resolve_eagle_aux_hidden_state (nested key only); vllm eagle3_utils.py "
