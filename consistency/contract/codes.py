@@ -273,8 +273,6 @@ ROWS: tuple[CodeSpec, ...] = (
          "declare each rank's own tokens (rows or request id + position); a token belongs to one DP rank",
          source="SGLang --enable-dp-attention: each DP rank holds other requests' tokens (docs/parallelism.md)"),
 )
-CODES: dict[str, CodeSpec] = {c.code: c for c in ROWS}
-assert len(CODES) == len(ROWS), "a finding code has two rows"
 
 
 class _Constants:
@@ -291,7 +289,16 @@ class _Constants:
         raise AttributeError(f"{name} is not a finding code (consistency/contract/codes.py)")
 
 
-C = _Constants(tuple(CODES))
+def registry(rows: tuple[CodeSpec, ...]) -> tuple[dict[str, CodeSpec], _Constants]:
+    """The table and the constants a tuple of rows makes (one code, one row)."""
+    table = {c.code: c for c in rows}
+    if len(table) != len(rows):
+        codes = [c.code for c in rows]
+        raise ValueError(f"a finding code has two rows: {sorted({x for x in codes if codes.count(x) > 1})}")
+    return table, _Constants(tuple(table))
+
+
+CODES, C = registry(ROWS)
 
 
 def with_property(prop: str, scope: str | None = None) -> frozenset[str]:

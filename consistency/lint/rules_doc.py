@@ -30,17 +30,17 @@ def _sentence(s: str, capital: bool = True) -> str:
     return s if s.endswith((".", "!", "?")) else s + "."
 
 
-def fragments(code: str) -> tuple[str, str, str]:
+def fragments(code: str, where: Path = FRAGMENTS) -> tuple[str, str, str]:
     """The hand-written ``## Why``, ``## Source`` and ``## Example`` bodies of a rule's page ('' when absent)."""
-    p = FRAGMENTS / f"{code}.md"
+    p = where / f"{code}.md"
     text = p.read_text(encoding="utf-8") if p.is_file() else ""
     parts = dict(re.findall(r"^## (Why|Source|Example)\n(.*?)(?=^## |\Z)", text, re.M | re.S))
     return parts.get("Why", "").strip(), parts.get("Source", "").strip(), parts.get("Example", "").strip()
 
 
-def render(rule: Rule) -> str:
+def render(rule: Rule, where: Path = FRAGMENTS) -> str:
     """A rule's whole page: the row's facts around the hand-written why and example."""
-    why, read, example = fragments(rule.code)
+    why, read, example = fragments(rule.code, where)
     prefix = re.match(r"[A-Z]+[A-Z0-9]*?(?=\d{3}$)", rule.code)
     out = [f"# {rule.code} {rule.name}\n",
            GENERATED.format(code=rule.code) + "\n",
