@@ -76,11 +76,8 @@ def lint(draft: PathLike | None = None, target: PathLike | None = None, serve: s
     ``"specforge:1,29,57"``. No weights are loaded, and torch is never imported.
     Returns the :class:`~consistency.lint.report.LintReport`.
     """
-    from consistency.errors import UsageError
     from consistency.lint.engine import LintRequest, run_lint
 
-    if fail_on not in ("error", "warning"):
-        raise UsageError(f"fail_on must be 'error' or 'warning', got {fail_on!r}")
     return run_lint(LintRequest(draft=_path(draft), target=_path(target), serve=serve, runtime=runtime,
                                 trained_with=_path(trained_with), select=_codes(select), ignore=_codes(ignore),
                                 fail_on=fail_on))

@@ -77,13 +77,37 @@ def test_strict_json_raises_only_value_error(text):
     assert json.loads(json.dumps(obj, allow_nan=False)) == obj  # what it accepts is plain, finite JSON
 
 
+def _plain(x: object) -> bool:
+    """JSON data our models take: str without control characters, int64, finite float, bool, None."""
+    import math
+
+    if isinstance(x, dict):
+        return all(_plain(k) and _plain(v) for k, v in x.items())
+    if isinstance(x, list):
+        return all(_plain(v) for v in x)
+    if isinstance(x, float):
+        return math.isfinite(x)
+    if isinstance(x, int):
+        return abs(x) < 2**63
+    if isinstance(x, str):
+        return all(c in "\t\n\r" or (ord(c) >= 0x20 and not 0x7f <= ord(c) < 0xa0) for c in x)
+    return x is None
+
+
+_YAML_BITS = st.sampled_from(["a: 1\n", "- x\n", "d: 2020-01-01\n", "n: .nan\n", "i: .inf\n", "b: !!binary aGk=\n",
+                              "s: !!set {a, b}\n", "big: 99999999999999999999\n", "k: [1, {x: y}]\n", "e: \"\\x1b[31m\"\n",
+                              "t: 12:30:45\n", "? [a]\n: v\n"])
+
+
 @FAST
-@given(st.text(max_size=200))
-def test_safe_yaml_raises_only_value_error(text):
+@given(st.text(max_size=200) | st.lists(_YAML_BITS, min_size=1, max_size=6).map("".join)
+       | fz.json_values.map(lambda v: json.dumps(v, allow_nan=True)))
+def test_safe_yaml_raises_only_value_error_and_accepts_only_plain_data(text):
     try:
-        safe_yaml(text)
+        obj = safe_yaml(text)
     except ValueError:
-        pass
+        return
+    assert _plain(obj), (text, obj)  # no date, set, bytes, NaN, huge int or terminal escape gets through
 
 
 def test_yaml_alias_bomb_and_deep_nesting_are_refused_fast():

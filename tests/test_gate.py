@@ -373,3 +373,38 @@ def test_a_kind_with_zero_checks_is_nothing_to_check(tmp_path):
     cfg.write_text('[[lint]]\nname = "l"\ntarget = "tiny-llama"\n')
     r = run_cli("gate", "--config", str(cfg), "--kind", "replay", cwd=tmp_path)
     assert r.returncode == 2 and "nothing to check" in r.stderr, r.stderr
+
+
+def _unclaimed_dumps(d: Path) -> None:
+    """A reference recording every stream and claiming no aux ids, and two candidates whose aux
+    slots claim nothing either: only a declaration says which stream each slot should hold."""
+    rng = np.random.default_rng(1)
+    h = [rng.standard_normal((16, 32)).astype(np.float32) for _ in range(9)]
+    write_dump(d / "ref.safetensors", {f"hidden.{i}": h[i] for i in range(9)},
+               DumpMetadata(model=ModelInfo(num_layers=8, hidden_size=32)))
+    for name, streams in (("good", [0, 3, 6]), ("bad", [3, 6, 8])):
+        write_dump(d / f"{name}.safetensors", {f"aux.{k}": h[s] for k, s in enumerate(streams)}, DumpMetadata())
+
+
+@pytest.mark.parametrize("cand", ["good", "bad"])
+@pytest.mark.parametrize("entry", [{"ref_layer_ids": [0, 3, 6]}, {"ref_layer_ids": "0,3,6", "consumer": "eagle3"},
+                                   {"cand_layer_ids": [0, 3, 6]}, {"consumer": "mtp"}, {}])
+def test_every_compare_request_field_can_be_set_from_a_gate_config(tmp_path: Path, cand: str,
+                                                                   entry: dict[str, object]) -> None:
+    """The gate's [[compare]] keys are CompareRequest's fields (issue 38): ``ref_layer_ids``,
+    ``cand_layer_ids`` and ``consumer`` reach the comparison, and a real gate run finds what
+    the Python API finds with the same request."""
+    from consistency import api
+
+    _unclaimed_dumps(tmp_path)
+    toml = "".join(f"{k} = {json.dumps(v)}\n" for k, v in entry.items())
+    cfg = tmp_path / "consistency.toml"
+    cfg.write_text(f'[[compare]]\nname = "c"\nreference = "ref.safetensors"\ncandidate = "{cand}.safetensors"\n{toml}')
+    r = run_cli("gate", "--config", str(cfg), "--json", "-", cwd=Path("/"))
+    assert r.returncode in (0, 1), r.stdout + r.stderr
+    got = json.loads(r.stdout)["checks"][0]["report"]
+    want = api.compare(tmp_path / "ref.safetensors", tmp_path / f"{cand}.safetensors", **entry)
+    assert (got["verdict"], sorted(f["code"] for f in got["findings"])) == \
+        (want.verdict, sorted(f.code for f in want.findings))
+    # the declaration is what decides here: with the reference's ids declared the right slots pass
+    assert (want.verdict == "pass") == (cand == "good" and "ref_layer_ids" in entry)

@@ -148,9 +148,17 @@ def test_integer_extremes_compare_exactly(tmp_path):
 
 
 def test_empty_and_zero_tensors_raise_no_runtime_warnings(tmp_path):
+    """All-zero tensors (0/0 in a relative error) and empty ones (a mean of nothing) raise no
+    RuntimeWarning, and the verdicts hold: equal zeros agree; empty tensors compare nothing,
+    which is never a pass."""
     e, z = np.zeros((0, 8), np.float32), np.zeros((6, 8), np.float32)
-    _compare(tmp_path, {"hidden.1": z, "aux.0": z}, {"hidden.1": z.copy(), "aux.0": z.copy()}, strict_warnings=True)
-    _compare(tmp_path, {"hidden.1": e, "aux.0": e}, {"aux.0": e.copy()}, strict_warnings=True)
+    zeros = _compare(tmp_path, {"hidden.1": z, "aux.0": z}, {"hidden.1": z.copy(), "aux.0": z.copy()},
+                     strict_warnings=True)
+    assert zeros.verdict == "pass" and sorted((f.code, f.tensor) for f in zeros.findings) == \
+        [("OK", "aux.0"), ("OK", "hidden.1")]
+    empty = _compare(tmp_path, {"hidden.1": e, "aux.0": e}, {"aux.0": e.copy()}, strict_warnings=True)
+    assert empty.verdict == "fail" and ("EMPTY", "aux.0") in {(f.code, f.tensor) for f in empty.findings}
+    assert "NOTHING_COMPARED" in _codes(empty) and "OK" not in _codes(empty)
 
 
 def test_a_dump_with_no_tensors_is_refused_not_passed(tmp_path):

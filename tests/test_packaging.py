@@ -90,6 +90,8 @@ def test_installed_wheel_runs_outside_the_checkout(installed: tuple[Path, Path, 
     assert demo.returncode == 0, demo.stdout[-2000:] + demo.stderr[-2000:]
     assert "LAYER_SHIFT" in demo.stdout or "shift" in demo.stdout.lower(), demo.stdout[-2000:]
     assert (tmp_path / "demo" / "train.safetensors").is_file()
+    page = _run(exe, "lint", "--explain", "SRV007", cwd=tmp_path)  # the page ships with the package (issue 38)
+    assert page.returncode == 0 and page.stdout.strip() == (ROOT / "docs/rules/SRV007.md").read_text().strip()
     schemas = _run(exe, "schema", "--out", tmp_path / "schemas", cwd=tmp_path)  # generated from the models
     assert schemas.returncode == 0, schemas.stderr
     written = {p.name for p in (tmp_path / "schemas").glob("*.json")}

@@ -63,3 +63,31 @@ def test_the_api_refuses_an_unknown_compare_option(tmp_path):
     with pytest.raises(UsageError, match="unknown option tolerence"):
         consistency.compare({"aux.0": np.ones((2, 4), np.float32)}, {"aux.0": np.ones((2, 4), np.float32)},
                             tolerence=["x=1"])
+
+
+@pytest.mark.parametrize(("options", "needle"), [
+    ({"fail_on": "warnings"}, "fail_on"),
+    ({"fail_on": None}, "fail_on"),
+    ({"draft": 3}, "draft"),
+    ({"select": ["IDS", 7]}, "select"),
+])
+def test_lint_request_names_the_field(options, needle):
+    """LintRequest validates its fields in one place; every door (CLI, gate, API) builds one."""
+    from consistency.lint.engine import LintRequest
+
+    with pytest.raises(UsageError, match=needle):
+        LintRequest(runtime="sglang@0.5.23", **options)
+
+
+def test_lint_request_is_frozen_and_normalised(tmp_path):
+    import dataclasses
+
+    from consistency import api
+    from consistency.lint.engine import LintRequest
+
+    req = LintRequest(draft=tmp_path, select="IDS", ignore=["IDS005"])
+    assert (req.draft, req.select, req.ignore) == (str(tmp_path), ("IDS",), ("IDS005",))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        req.fail_on = "warning"  # type: ignore[misc]
+    with pytest.raises(UsageError, match="fail_on"):  # the API's check is the request's
+        api.lint(runtime="sglang@0.5.23", fail_on="warn")

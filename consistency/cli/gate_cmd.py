@@ -11,19 +11,12 @@ from typing import Any
 import click
 
 
-def _list(v: Any) -> tuple[str, ...]:
-    if v is None:
-        return ()
-    return (v,) if isinstance(v, str) else tuple(str(x) for x in v)
-
-
 def lint_runner(opts: dict[str, Any]) -> Any:
+    from dataclasses import fields
+
     from consistency.lint.engine import LintRequest, run_lint
 
-    return run_lint(LintRequest(draft=opts.get("draft"), target=opts.get("target"), serve=opts.get("serve"),
-                                runtime=opts.get("runtime"), trained_with=opts.get("trained_with"),
-                                select=_list(opts.get("select")), ignore=_list(opts.get("ignore")),
-                                fail_on=opts.get("fail_on", "error")))
+    return run_lint(LintRequest(**{f.name: opts[f.name] for f in fields(LintRequest) if f.name in opts}))
 
 
 def compare_runner(opts: dict[str, Any]) -> Any:
@@ -34,12 +27,10 @@ def compare_runner(opts: dict[str, Any]) -> Any:
     for key in ("reference", "candidate"):
         if not opts.get(key):
             raise UsageError(f"[[compare]] needs {key}")
-    tol = opts.get("tolerance")
-    req = CompareRequest.build(opts["reference"], opts["candidate"], contract=opts.get("contract"),
-                               rtol=opts.get("rtol"), atol=opts.get("atol"), threshold=opts.get("threshold"),
-                               tolerance=tol if isinstance(tol, dict) else _list(tol), layer_ids=opts.get("layer_ids"),
-                               convention=opts.get("convention"))
-    return run_request(req)
+    from consistency.gate.config import COMPARE_KEYS
+
+    asked = {k: v for k, v in opts.items() if k in COMPARE_KEYS - {"name", "optional", "reference", "candidate"}}
+    return run_request(CompareRequest.build(opts["reference"], opts["candidate"], **asked))
 
 
 def replay_runner() -> tuple[Any, str]:

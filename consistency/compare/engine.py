@@ -24,7 +24,7 @@ from consistency.compare.sample import Sampler, unique
 from consistency.compare.tolerance import ToleranceModel
 from consistency.compare.types import Declared, Note, Pair, Status  # noqa: F401 - Status re-exported
 from consistency.dump import names
-from consistency.dump.reader import Dump, TensorView
+from consistency.dump.reader import Dump
 
 
 @dataclass(frozen=True)
@@ -99,8 +99,3 @@ def compare(ref: Dump, cand: Dump, contract: object | None = None, tol: Toleranc
     results = tuple(Result(e, paired[e.name], verdicts[e.name], idents.get(e.name), metrics.get(e.name),
                            held_steps.get(e.name)) for e in plan.entries)
     return Comparison(dumps, plan, tol, ctx.fp, eff, notes, results=results, seconds=time.perf_counter() - t0)
-
-
-def views(cmp: Comparison) -> list[TensorView]:
-    """Every candidate view as compared (for callers that render them)."""
-    return [r.cand for r in cmp.results]

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from consistency.compare.types import (Conflict, Declared, Expectation, Meaning, Pair, RefSlot, SideFacts,
                                        Source)
+from consistency.contract.codes import C
 from consistency.contract.models import Consumer, ConsumerSpec, NormState
 from consistency.dump import names
 from consistency.dump.reader import Dump
@@ -42,7 +43,7 @@ def consumer_of(ref: SideFacts, declared: Declared) -> tuple[ConsumerSpec | None
         conflicts = []
         d = declared.consumer
         if d is not None and (d.kind, d.recycle) != (ref.consumer.kind, ref.consumer.recycle):
-            conflicts.append(Conflict("CONTRACT_CONFLICT", None, Source.ref_claim, Meaning(None), Meaning(None),
+            conflicts.append(Conflict(C.CONTRACT_CONFLICT, None, Source.ref_claim, Meaning(None), Meaning(None),
                                       declared.origin or "contract",
                                       {"what": "consumer", "reference": [ref.consumer.kind.value, ref.consumer.recycle.value],
                                        "declared": [d.kind.value, d.recycle.value]}))
@@ -76,7 +77,7 @@ def expect_slot(i: int, ref: Dump, ref_side: SideFacts, rs: RefSlot | None, decl
         m = rs.meaning
         conflicts = []
         if dec is not None and m is not None and m.stream is not None and not dec.agrees(m):
-            conflicts.append(Conflict("CONTRACT_CONFLICT", i, rs.source, m, dec, by, {"tensor": rs.view.name}))
+            conflicts.append(Conflict(C.CONTRACT_CONFLICT, i, rs.source, m, dec, by, {"tensor": rs.view.name}))
         elif dec is not None and (m is None or m.stream is None) and (m is None or m.norm == dec.norm):
             m = dec  # the values could not tell which stream; the declaration names it, and nothing contradicts it
         known = m is not None and m.stream is not None
@@ -85,13 +86,13 @@ def expect_slot(i: int, ref: Dump, ref_side: SideFacts, rs: RefSlot | None, decl
     if claim is not None:
         m = claim.meaning
         conflicts = [] if dec is None or dec.agrees(m) else \
-            [Conflict("CONTRACT_CONFLICT", i, Source.ref_claim, m, dec, by, {})]
+            [Conflict(C.CONTRACT_CONFLICT, i, Source.ref_claim, m, dec, by, {})]
         return Expectation(tensor_for(ref, m), m, Source.ref_claim, "ref_claim"), conflicts
     last = i == 0 and consumer is not None and consumer.kind in LAST_STATE
     if last and consumer_source == Source.ref_claim:  # the reference's own consumer outranks a declaration
         m = Meaning(n_layers, NormState.final_norm)
         conflicts = [] if dec is None or dec.agrees(m) else \
-            [Conflict("CONTRACT_CONFLICT", i, Source.ref_claim, m, dec, by, {"what": "consumer slot"})]
+            [Conflict(C.CONTRACT_CONFLICT, i, Source.ref_claim, m, dec, by, {"what": "consumer slot"})]
         return Expectation(tensor_for(ref, m), m, consumer_source, "consumer"), conflicts
     if dec is not None:
         return Expectation(tensor_for(ref, dec), dec, Source.declared, "declared"), []
@@ -112,6 +113,6 @@ def count_conflict(sides: Pair[SideFacts], declared: Declared) -> Conflict | Non
     have = ref.slot_count or len(ref.claims or ())
     if not declared.slots or not have or len(declared.slots) == have:
         return None
-    return Conflict("CONTRACT_CONFLICT", None, Source.ref_values if ref.slots else Source.ref_claim, Meaning(None),
+    return Conflict(C.CONTRACT_CONFLICT, None, Source.ref_values if ref.slots else Source.ref_claim, Meaning(None),
                     Meaning(None), declared.origin or "contract",
                     {"what": "slot count", "reference": have, "declared": len(declared.slots)})

@@ -16,6 +16,7 @@ from consistency.compare.metrics import median
 from consistency.compare.result import MAX_BAD_FRACTION
 from consistency.compare.tolerance import ToleranceModel
 from consistency.compare.types import Conflict, Meaning, RefSlot, SideFacts, Source
+from consistency.contract.codes import C
 from consistency.contract.models import NormState
 from consistency.dump import names
 
@@ -53,13 +54,13 @@ def identify_slots(side: SideFacts, fps: dict[Shape, identify.Fingerprints], tol
         values = meaning_of(found, n_layers, claim.stream if claim else None)
         if values is not None:
             if claim is not None and not claim.meaning.agrees(values):
-                conflicts.append(Conflict("REF_CLAIM_CONTRADICTED", i, Source.ref_values, values, claim.meaning,
+                conflicts.append(Conflict(C.REF_CLAIM_CONTRADICTED, i, Source.ref_values, values, claim.meaning,
                                           "metadata", {"tensor": v.name, "holds": found}))
             out.append(RefSlot(i, v, found, claim, values, Source.ref_values))
             continue
         if claim is not None and fp is not None and claimed_tensor(claim.meaning) in fp:
             # the claimed tensor is recorded beside the slot and the values are not it
-            conflicts.append(Conflict("REF_CLAIM_CONTRADICTED", i, Source.ref_values, Meaning(None, NormState.other),
+            conflicts.append(Conflict(C.REF_CLAIM_CONTRADICTED, i, Source.ref_values, Meaning(None, NormState.other),
                                       claim.meaning, "metadata", {"tensor": v.name, "holds": None}))
             out.append(RefSlot(i, v, None, claim, None, Source.ref_values))
             continue

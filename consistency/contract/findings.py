@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from consistency.contract.codes import CODES, DOCS_URL, Code, CodeSpec, Severity, lookup, with_property  # noqa: F401
+from consistency.contract.codes import CODES, DOCS_URL, C, CodeSpec, Severity, lookup, with_property  # noqa: F401
 from consistency.contract.fixes import Fix
 
 

@@ -56,10 +56,6 @@ class VersionRange:
         return tuple(v for v in (self.lo, self.hi) if v)
 
 
-def in_range(v: Version | None, lo: Version | None, hi: Version | None) -> bool:
-    return VersionRange(lo, hi).covers(v)
-
-
 def just_below(b: Version) -> Version:
     """A release just under boundary ``b`` (0.5.13 -> 0.5.12.1000000): the representative of the range below it."""
     k = max((j for j, x in enumerate(b) if x > 0), default=0)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from consistency.compare.engine import Comparison, Result, Status
+from consistency.contract.codes import C
 from consistency.contract.findings import Finding, with_property
 from consistency.diagnose import rownames, shards, thin
 from consistency.diagnose.evidence import Evidence
@@ -37,7 +38,7 @@ def bad_tokens(ev: Evidence, r: Result, label: str, base: dict, metrics: dict) -
     """The tensor agrees except at a few positions: name them (first few and a count)."""
     shard = shards.partial_shard(ev, r)
     if shard is not None and _is_shard(ev, r, shard.detail):
-        return Finding.make("PARTIAL_SHARD", f"{label} {shard.message}",
+        return Finding.make(C.PARTIAL_SHARD, f"{label} {shard.message}",
                             identified_as=ev.cmp.canonical(shard.identified_as),
                             metrics=metrics, evidence={"before": shard.before, "after": shard.after, **shard.detail},
                             **base)
@@ -56,7 +57,7 @@ def bad_tokens(ev: Evidence, r: Result, label: str, base: dict, metrics: dict) -
         what += f"; {len(zero)} of them are all zeros"
     if 0 in positions:
         what += "; position 0 is among them (BOS handling, the first token's embedding)"
-    return Finding.make("BAD_TOKENS", f"{label}: {what}", identified_as=r.holds, metrics=metrics,
+    return Finding.make(C.BAD_TOKENS, f"{label}: {what}", identified_as=r.holds, metrics=metrics,
                         evidence={"token_rows": rows[:256], "count": len(rows), "positions": positions[:256],
                                   "zero_rows": zero[:256], "rows_in_files": rownames.evidence(found)}, **base)
 
@@ -87,14 +88,14 @@ def zeroed(ev: Evidence, r: Result, label: str, base: dict, metrics: dict) -> Fi
     if c is None or e is None or not np.any(e):
         return None
     if not np.any(c):
-        return Finding.make("ZERO_VALUES", f"{label} is all zeros on every sampled token; the reference is not "
+        return Finding.make(C.ZERO_VALUES, f"{label} is all zeros on every sampled token; the reference is not "
                             f"(an unfilled capture buffer, or a capture that never ran)", metrics=metrics,
                             evidence={"columns": "all"}, **base)
     zc = np.flatnonzero(~(c != 0).any(axis=0) & (e != 0).any(axis=0) & ~_model_zero_columns(ev, r))
     if len(zc) == 0:
         return None
     cols = [int(i) for i in zc]
-    return Finding.make("ZERO_VALUES", f"{label}: {len(cols)} of {c.shape[1]} feature columns are zero on every "
+    return Finding.make(C.ZERO_VALUES, f"{label}: {len(cols)} of {c.shape[1]} feature columns are zero on every "
                         f"sampled token where the reference is not: columns {_fmt_rows(cols)} (a missing gather of "
                         f"a column shard, or a partly written buffer)", metrics=metrics,
                         evidence={"columns": cols[:256], "count": len(cols)}, **base)
@@ -128,7 +129,7 @@ def zero_rows(ev: Evidence, r: Result, label: str, base: dict, metrics: dict) ->
         return None
     idx = ev.index(r)
     rows = [int(idx[i]) for i in np.flatnonzero(zero)] if idx is not None else [int(i) for i in np.flatnonzero(zero)]
-    return Finding.make("ZERO_VALUES", f"{label}: {int(zero.sum())} of {len(zero)} sampled token rows are all zeros "
+    return Finding.make(C.ZERO_VALUES, f"{label}: {int(zero.sum())} of {len(zero)} sampled token rows are all zeros "
                         f"where the reference's are not (rows {_fmt_rows(rows)}), and they follow no vocab or expert "
                         f"shard: a capture buffer written for some tokens only", metrics=metrics,
                         evidence={"token_rows": rows[:256], "count": len(rows), "sampled_rows": len(zero)}, **base)

@@ -25,6 +25,7 @@ from consistency.compare.expect import LAST_STATE
 from consistency.compare.steps import step_order
 from consistency.compare.types import Source
 from consistency.contract import consumers
+from consistency.contract.codes import C
 from consistency.contract.findings import Finding, with_property
 from consistency.contract.models import ConcatOrder, Consumer, NormState, Pos0, Recycle
 from consistency.diagnose.rootcause import fold_consequences
@@ -87,8 +88,8 @@ def _recycle(ev: Evidence, r: Result, label: str, base: dict, metrics: dict) -> 
     want = st.rule  # the reference's own recycle, else its consumer's, else the contract's (compare.steps)
     if want is None or want == st.cand_kind:
         return None
-    code = {(Recycle.d_raw, Recycle.d_norm): "RECYCLE_NORM_MISSING",
-            (Recycle.d_norm, Recycle.d_raw): "RECYCLE_NORM_APPLIED"}.get((st.cand_kind, want), "RECYCLE_TARGET")
+    code = {(Recycle.d_raw, Recycle.d_norm): C.RECYCLE_NORM_MISSING,
+            (Recycle.d_norm, Recycle.d_raw): C.RECYCLE_NORM_APPLIED}.get((st.cand_kind, want), C.RECYCLE_TARGET)
     k = names.parse(r.name).index or 0
     ref_what = _WHAT[want].format(j=k - 1)
     msg = f"{label} (the hidden state step {k} is fed) is {_WHAT[st.cand_kind].format(j=k - 1)} ({st.cand_source}); "
@@ -133,7 +134,7 @@ def concat_order(ev: Evidence, r: Result) -> Explanation | None:
         head = "is the reference's concatenation with its two halves swapped"
     msg = f"{head}: [hidden, embed] is the order of {_codes(by_order[ConcatOrder.hidden_embed])}; [embed, hidden] " \
           f"of {_codes(by_order[ConcatOrder.embed_hidden])}"
-    return Explanation("CONCAT_ORDER", msg, before, after, r.ref.name if r.ref else None, {"half": h})
+    return Explanation(C.CONCAT_ORDER, msg, before, after, r.ref.name if r.ref else None, {"half": h})
 
 
 def _pos0(ev: Evidence, r: Result, label: str, base: dict, metrics: dict) -> Finding | None:
@@ -157,7 +158,7 @@ def _pos0(ev: Evidence, r: Result, label: str, base: dict, metrics: dict) -> Fin
     spec = cmp.plan.consumer
     if spec is not None:
         msg += f"; {_origin(cmp)} says {spec.pos0_embed.value}"
-    return Finding.make("POS0_EMBED", msg, metrics=metrics,
+    return Finding.make(C.POS0_EMBED, msg, metrics=metrics,
                         evidence={"rows": bad[:64], "zeroed_by": "candidate" if cz else "reference"}, **base)
 
 
@@ -185,7 +186,7 @@ def _ids(ev: Evidence, r: Result, label: str, base: dict, metrics: dict) -> Find
     spec = ev.cmp.plan.consumer
     if spec is not None:
         msg += f"; {_origin(ev.cmp)} pairs by '{spec.pairing.value}'"
-    return Finding.make("TOKEN_SHIFT", msg, metrics=metrics,
+    return Finding.make(C.TOKEN_SHIFT, msg, metrics=metrics,
                         evidence={"shift": d, "pairing_candidate": pc, "pairing_reference": pr}, **base)
 
 
@@ -212,10 +213,10 @@ def _pair_words(j: int) -> str:
 # An MTP / EAGLE-1 / Medusa draft reads fnorm(s=N) in every runtime (contract/consumers.py),
 # so the registry's generic fix ("capture the pre-norm stream") would point at the wrong side.
 LAST_STATE_FIX = {
-    "NORM_APPLIED": "the candidate feeds what every runtime serves (fnorm(s=N)); train the draft on it too: apply the "
+    C.NORM_APPLIED: "the candidate feeds what every runtime serves (fnorm(s=N)); train the draft on it too: apply the "
                     "target's final norm to a layer-N capture before training (speculators MTP and ModelOpt offline "
                     "EAGLE-1 train on vLLM's pre-norm layer-N capture)",
-    "NORM_MISSING": "feed the draft the tensor the target's lm_head reads (after the final norm), as SGLang, vLLM and "
+    C.NORM_MISSING: "feed the draft the tensor the target's lm_head reads (after the final norm), as SGLang, vLLM and "
                     "TensorRT-LLM do for MTP and EAGLE-1 drafts",
 }
 
@@ -230,11 +231,11 @@ def annotate_step0(cmp: Comparison, findings: list[Finding]) -> list[Finding]:
     n = (slot0.expect.stream if slot0 is not None else None) or _n(cmp)
     words = step0_words(kind) if kind is not None else ""
     ref_held = cmp.ref_slot_names[0] if cmp.ref_slot_names else None
-    fed = {"NORM_MISSING": f"stream {n} before the final norm", "NORM_APPLIED": f"fnorm(s={n})"}
+    fed = {C.NORM_MISSING: f"stream {n} before the final norm", C.NORM_APPLIED: f"fnorm(s={n})"}
     for f in findings:
         if f.tensor == names.aux(0) and f.code in fed:
-            ref_fed = fed["NORM_MISSING"] if ref_held == names.hidden(n or -1) else \
-                fed["NORM_APPLIED"] if ref_held == names.FINAL_NORM else None
+            ref_fed = fed[C.NORM_MISSING] if ref_held == names.hidden(n or -1) else \
+                fed[C.NORM_APPLIED] if ref_held == names.FINAL_NORM else None
             f.message += f" -- {_side(cmp, 'cand')} fed {fed[f.code]}" + \
                 (f"; {_side(cmp, 'ref')} fed {ref_fed}" if ref_fed else "") + (f"; {words}" if words else "")
             if kind in LAST_STATE:  # the runtimes agree on fnorm(s=N): the fix is on whichever side differs
@@ -271,14 +272,14 @@ def group_steps(cmp: Comparison, findings: list[Finding]) -> list[Finding]:
     """Later draft tensors that differ without a cause of their own follow the first
     failing one in the draft's forward order (``aux.0`` is step 0's hidden input)."""
     shifted = {names.parse(f.tensor or "").index for f in findings
-               if f.code == "TOKEN_SHIFT" and names.parse(f.tensor or "").kind == names.DRAFT_IDS}
+               if f.code == C.TOKEN_SHIFT and names.parse(f.tensor or "").kind == names.DRAFT_IDS}
 
     def follows(f: Finding, root: Finding) -> bool:
         o = _order(f)
         kind = names.parse(f.tensor or "").kind
         if f.code in CONSEQUENCE_CODES:
             return True
-        if f.code == "TOKEN_SHIFT" and o is not None and o[0] in shifted and kind == names.DRAFT_EMBED:
+        if f.code == C.TOKEN_SHIFT and o is not None and o[0] in shifted and kind == names.DRAFT_EMBED:
             return True
         # A wrong hidden input (aux.0 or recycle.k) reappears in what the draft computes from it:
         # an EAGLE-1 draft_cat is cat(emb, h) with no input norm, so its hidden half "is" the
@@ -316,7 +317,7 @@ def recycle_claims(cmp: Comparison) -> list[Finding]:
         who = "the reference's metadata" if claim else "the declared"
         msg = (f"{who} {spec.kind.value} consumer recycles {spec.recycle.value}, but the reference's own "
                f"{r.name} is {_WHAT[st.ref_kind].format(j=k - 1)} ({st.ref_source}): its values are used")
-        return [Finding.make("REF_CLAIM_CONTRADICTED" if claim else "CONTRACT_CONFLICT", msg, tensor=None,
+        return [Finding.make(C.REF_CLAIM_CONTRADICTED if claim else C.CONTRACT_CONFLICT, msg, tensor=None,
                              evidence={"tensor": r.name, "claimed": spec.recycle.value, "values": st.ref_kind.value,
                                        "holds": st.ref_source, "winner": Source.ref_values.value})]
     return []

@@ -14,6 +14,7 @@ from typing import Any
 
 from consistency.compare.engine import Comparison, Status
 from consistency.compare.types import CHECKED
+from consistency.contract.codes import C
 from consistency.contract.findings import CODES, Finding, Severity
 from consistency.diagnose import causes, draft_steps, row_pairs, story, thin, words
 from consistency.diagnose.evidence import Evidence
@@ -34,9 +35,9 @@ def explain(cmp: Comparison) -> tuple[list[Finding], story.Story | None]:
         if r.slot is not None:
             actual[r.slot] = stream
             errors = [x.code for x in f if x.severity == Severity.error]
-            unexplained[r.slot] = bool(errors) and set(errors) == {"UNKNOWN"}
+            unexplained[r.slot] = bool(errors) and set(errors) == {C.UNKNOWN}
     for name in cmp.plan.missing:
-        findings.append(Finding.make("MISSING", f"{name}: the reference has it (or the contract expects it); "
+        findings.append(Finding.make(C.MISSING, f"{name}: the reference has it (or the contract expects it); "
                                      f"the candidate does not", tensor=None, expected=name))
     findings += _replicas(cmp)
     if not (type(cmp.cand) is type(cmp.ref) is Dump):  # rank/stage sets only: a plain compare never loads it
@@ -48,15 +49,15 @@ def explain(cmp: Comparison) -> tuple[list[Finding], story.Story | None]:
     findings[:0] = [f for f in sides if f.severity == Severity.error]  # a clear swap leads: it changes every reading
     findings += [f for f in sides if f.severity != Severity.error]
     if not any(r.status in CHECKED for r in cmp.results):
-        findings.append(Finding.make("NOTHING_COMPARED", f"no tensor of the candidate could be compared with the "
+        findings.append(Finding.make(C.NOTHING_COMPARED, f"no tensor of the candidate could be compared with the "
                                      f"reference (reference: {_names(cmp.ref.names)}; candidate: "
                                      f"{_names(cmp.cand.names)})"))
     for name in cmp.plan.extra:
-        findings.append(Finding.make("EXTRA", f"{name}: only in the candidate; not compared", tensor=name))
+        findings.append(Finding.make(C.EXTRA, f"{name}: only in the candidate; not compared", tensor=name))
     findings = causes.group_consequences(cmp, findings)
     findings = draft_steps.group_steps(cmp, draft_steps.annotate_step0(cmp, findings))  # MTP, EAGLE-1, Medusa
     st = _story(cmp, ev, actual, unexplained)
-    if st is not None and st.code != "LAYER_MISMATCH":
+    if st is not None and st.code != C.LAYER_MISMATCH:
         findings.insert(0, Finding.make(st.code, st.sentence, tensor=names.AUX, evidence=st.detail))
     lead = [f for f in findings if f.severity == Severity.error and CODES[f.code].leads]
     first = {id(f) for f in lead}
@@ -66,7 +67,7 @@ def explain(cmp: Comparison) -> tuple[list[Finding], story.Story | None]:
 def _result(ev: Evidence, r: Any) -> tuple[list[Finding], int | None]:
     if r.status == Status.skipped:  # not evaluated: never OK; an error where the draft reads it
         sev = Severity.error if r.slot is not None else Severity.warning
-        return [Finding.make("NOT_VERIFIED", f"{r.name}: not evaluated ({r.verdict.skipped}), so it was not "
+        return [Finding.make(C.NOT_VERIFIED, f"{r.name}: not evaluated ({r.verdict.skipped}), so it was not "
                              "verified", severity=sev, tensor=r.name, expected=r.expected)], None
     return finding(ev, r)
 
@@ -115,7 +116,7 @@ def _same_input(cmp: Comparison) -> list[Finding]:
     a, b = cmp.ref.path, cmp.cand.path
     same_data = getattr(cmp.ref, "same_data", None)
     if cmp.ref is cmp.cand or (same_data is not None and same_data(cmp.cand)):  # in memory: the same tensors twice
-        return [Finding.make("SAME_INPUT", f"the reference and the candidate are the same tensors in memory ({a} and "
+        return [Finding.make(C.SAME_INPUT, f"the reference and the candidate are the same tensors in memory ({a} and "
                              f"{b} hold the same arrays): everything agrees with itself, so nothing was verified")]
     try:
         same = os.path.exists(a) and os.path.exists(b) and os.path.samefile(a, b)
@@ -123,7 +124,7 @@ def _same_input(cmp: Comparison) -> list[Finding]:
         same = False
     if not same:
         return []
-    return [Finding.make("SAME_INPUT", f"the reference and the candidate are the same file ({a}): everything "
+    return [Finding.make(C.SAME_INPUT, f"the reference and the candidate are the same file ({a}): everything "
                          "agrees with itself, so nothing was verified")]
 
 
@@ -145,7 +146,7 @@ def _concat_checks(cmp: Comparison) -> list[Finding]:
                 bad.append((i, d))
         if bad:
             where = ", ".join(f"slot {i} (token rel_diff {d:.3g})" for i, d in bad)
-            out.append(Finding.make("AUX_CONCAT_MISMATCH", f"{which} 'aux' and its per-slot aux.{{i}} disagree at "
+            out.append(Finding.make(C.AUX_CONCAT_MISMATCH, f"{which} 'aux' and its per-slot aux.{{i}} disagree at "
                                     f"{where}: which one did the draft get?", tensor=names.AUX if which == "candidate"
                                     else None, evidence={"side": which, "slots": [i for i, _ in bad]}))
     return out
@@ -169,7 +170,7 @@ def _sides(cmp: Comparison) -> list[Finding]:
     if r == "serving" or c == "training":
         clear = (r, c) == ("serving", "training")  # both files say so: every expected/holds below reads backwards
         how = "look swapped" if (r, c) != ("training", "training") else "may be swapped (both files say training)"
-        return [Finding.make("SIDES_SWAPPED", f"the reference's metadata says {r or 'nothing'} and the candidate's "
+        return [Finding.make(C.SIDES_SWAPPED, f"the reference's metadata says {r or 'nothing'} and the candidate's "
                              f"{c or 'nothing'}: the arguments {how} (expected TRAINING first, SERVING second); "
                              f"if so, read expected/holds below the other way round",
                              severity=Severity.error if clear else None)]
@@ -184,7 +185,7 @@ def _replicas(cmp: Comparison) -> list[Finding]:
             v = d.tensors.get(name)
             floor = cmp.tol.dtype_floor(v.dtype, v.dtype) if v is not None else 0.0
             if spread > floor:
-                out.append(Finding.make("REPLICA_MISMATCH", f"{which} {name}: rank {rank}'s copy differs from rank 0's "
+                out.append(Finding.make(C.REPLICA_MISMATCH, f"{which} {name}: rank {rank}'s copy differs from rank 0's "
                                         f"(token rel_diff {spread:.3g} > {floor:g}); a replicated tensor should be "
                                         f"identical on every rank", tensor=name if which == "candidate" else None,
                                         metrics={"rank": rank, "token_rel_diff": float(f"{spread:.4g}")}))

@@ -17,6 +17,7 @@ import numpy as np
 from consistency.compare.engine import Result
 from consistency.compare.identify import token_distance
 from consistency.compare.metrics import median
+from consistency.contract.codes import C
 from consistency.contract.findings import CODES
 from consistency.diagnose import draft_steps, stale
 from consistency.diagnose.evidence import Evidence, Explanation, fit_scalar
@@ -63,7 +64,7 @@ def layer_mismatch(ev: Evidence, r: Result) -> Explanation | None:
         # is another layer, named only when the values positively say so
         if s_got == s_want or not r.matched:
             return None
-        return Explanation("LAYER_MISMATCH", f"holds {ev.stream_name(name)}; expected fnorm(s={s_want}), the "
+        return Explanation(C.LAYER_MISMATCH, f"holds {ev.stream_name(name)}; expected fnorm(s={s_want}), the "
                            "target's final norm applied", before, dist, name,
                            {"stream": s_got, "expected_stream": s_want, "expected_norm": "final_norm",
                             **({"offset": s_got - s_want} if s_want is not None else {})})
@@ -71,7 +72,7 @@ def layer_mismatch(ev: Evidence, r: Result) -> Explanation | None:
     if (s_got is None or s_want is None) and slot_got.kind == slot_want.kind == names.AUX \
             and slot_got.index is not None and slot_got.index != slot_want.index and r.matched:
         # a thin reference (aux slots only): say it in the reference's own slots
-        return Explanation("LAYER_MISMATCH", f"holds what the reference put in slot {slot_got.index} ({name}); "
+        return Explanation(C.LAYER_MISMATCH, f"holds what the reference put in slot {slot_got.index} ({name}); "
                            f"expected its slot {slot_want.index} ({r.ref.name})", before, dist, name,
                            {"slot": slot_got.index, "expected_slot": slot_want.index,
                             "stream": s_got, "expected_stream": s_want})
@@ -80,7 +81,7 @@ def layer_mismatch(ev: Evidence, r: Result) -> Explanation | None:
     detail: dict = {"stream": s_got, "expected_stream": s_want}
     if s_want is not None:
         detail["offset"] = s_got - s_want
-    return Explanation("LAYER_MISMATCH", f"holds {ev.stream_name(name)}; expected {ev.stream_name(r.ref.name)}",
+    return Explanation(C.LAYER_MISMATCH, f"holds {ev.stream_name(name)}; expected {ev.stream_name(r.ref.name)}",
                        before, dist, name, detail)
 
 
@@ -97,7 +98,7 @@ def stream_for_unnamed_slot(ev: Evidence, r: Result) -> Explanation | None:
     if not r.matched or ev.cmp.stream_of(name) is None or ev.cmp.stream_of(r.ref.name) is not None \
             or want.kind != names.AUX or names.parse(ev.cmp.canonical(r.ref.name) or "").kind != names.AUX:
         return None
-    return Explanation("LAYER_MISMATCH", f"holds {ev.stream_name(name)}, not what the reference put in slot "
+    return Explanation(C.LAYER_MISMATCH, f"holds {ev.stream_name(name)}, not what the reference put in slot "
                        f"{want.index} ({r.ref.name})", before, dist, name,
                        {"stream": ev.cmp.stream_of(name), "expected_slot": want.index})
 
@@ -126,7 +127,7 @@ def residual_missing(ev: Evidence, r: Result) -> Explanation | None:
         d, k, kind, name = best
         what = f"layer {k}'s whole delta (attention + MLP: {name})" if kind == "layer" else \
             f"layer {k}'s {kind} delta ({name})"
-        return Explanation("RESIDUAL_MISSING", f"holds {what}, not the residual stream: residual not added", before, d,
+        return Explanation(C.RESIDUAL_MISSING, f"holds {what}, not the residual stream: residual not added", before, d,
                            name if kind != "layer" else None, {"layer": k, "block": kind})
     if r.ident and r.ident.best and r.ident.best.distance <= ev.cmp.tol.dtype_floor(r.cand.dtype, r.ref.dtype):
         return None
@@ -135,7 +136,7 @@ def residual_missing(ev: Evidence, r: Result) -> Explanation | None:
         return None
     after = token_distance(c + prev, cur)  # add back the residual we can see (stream s-1)
     if after <= HOLD_EXACT * ev.cmp.pair_floor(r, user=False)[0]:  # stream s minus stream s-1: the layer's delta
-        return Explanation("RESIDUAL_MISSING", f"holds layer {s - 1}'s whole delta (stream {s} minus stream {s - 1}), "
+        return Explanation(C.RESIDUAL_MISSING, f"holds layer {s - 1}'s whole delta (stream {s} minus stream {s - 1}), "
                            "not the residual stream: residual not added", before, after, None,
                            {"layer": s - 1, "block": "layer", "proof": "streams"})
     # No parts recorded: judge by the norm profile. A block delta is much smaller than the
@@ -144,7 +145,7 @@ def residual_missing(ev: Evidence, r: Result) -> Explanation | None:
     ratio = median(np.linalg.norm(c, axis=1) / np.maximum(np.linalg.norm(cur, axis=1), 1e-30))
     toward = token_distance(cur - c, prev) / max(token_distance(cur, prev), 1e-30)
     if ratio < 0.5 and toward < 1.0 and after < 0.5 * before:
-        return Explanation("RESIDUAL_MISSING", f"looks like layer {s - 1}'s block delta, not stream {s}: its norm is "
+        return Explanation(C.RESIDUAL_MISSING, f"looks like layer {s - 1}'s block delta, not stream {s}: its norm is "
                            f"{ratio:.2f}x the stream's and removing it moves stream {s} toward stream {s - 1} "
                            f"(record attn_out/mlp_out, or the components, to prove it)", before, after, None,
                            {"layer": s - 1, "norm_ratio": round(ratio, 4), "toward_previous": round(toward, 4)},
@@ -169,7 +170,7 @@ def _residual_alone(ev: Evidence, r: Result, c: np.ndarray, s: int, before: floa
             continue
         after = token_distance(c, x[0])
         if after <= HOLD_EXACT * floor and after < EXPLAINS_ALONE * before:
-            return Explanation("RESIDUAL_MISSING", f"holds the fused layer's residual alone ({x[1]}: what enters "
+            return Explanation(C.RESIDUAL_MISSING, f"holds the fused layer's residual alone ({x[1]}: what enters "
                                f"layer {s - 1}'s MLP), without the MLP output it returns as hidden_states: "
                                "hidden_states + residual not taken", before, after, None,
                                {"layer": s - 1, "block": "MLP", "holds": x[1], "proof": "streams"})
@@ -207,7 +208,7 @@ def _from_components(ev: Evidence, r: Result, c: np.ndarray, before: float) -> E
     if token_distance(c, hs) > 1e-6:
         return None
     after = token_distance(hs + res, e)
-    return Explanation("RESIDUAL_MISSING", "is the fused layer's hidden_states alone (its recorded components show "
+    return Explanation(C.RESIDUAL_MISSING, "is the fused layer's hidden_states alone (its recorded components show "
                        "hidden_states + residual is the expected stream): residual not added", before, after,
                        None, {"proof": "components"})
 
@@ -237,7 +238,7 @@ def norm_applied(ev: Evidence, r: Result) -> Explanation | None:
     if before is None or c is None or e is None:
         return None
     if r.ident and r.ident.best and names.parse(r.ident.best.name).kind == names.FINAL_NORM and r.matched:
-        return Explanation("NORM_APPLIED", "holds the final norm's output (post-norm); expected the pre-norm stream",
+        return Explanation(C.NORM_APPLIED, "holds the final norm's output (post-norm); expected the pre-norm stream",
                            before, r.ident.best.distance, r.ident.best.name, {"norm": "final_norm"})
     d, kind, weighted = norm_fit(c, e)
     if c.shape[0] < 8 and weighted:
@@ -248,7 +249,7 @@ def norm_applied(ev: Evidence, r: Result) -> Explanation | None:
     s, n = (r.expected_stream if not r.post_norm else None), ev._num_layers()
     where = "HF's post-norm last hidden state" if s is not None and s == n else \
         "a fused add+RMSNorm output: the next layer's input norm captured instead of the stream"
-    return Explanation("NORM_APPLIED", f"equals the expected tensor after {kind}{' with a weight' if weighted else ''} "
+    return Explanation(C.NORM_APPLIED, f"equals the expected tensor after {kind}{' with a weight' if weighted else ''} "
                        f"({where})", before, d, r.ref.name if r.ref else None,
                        {"norm": kind, "weighted": weighted})
 
@@ -271,7 +272,7 @@ def norm_missing(ev: Evidence, r: Result) -> Explanation | None:
     top = raw is None and n is not None and (r.expected_stream in (None, n))
     what = f" {raw}" if raw else f" of the model's top (stream {n}), which the reference records only after its " \
         f"norm" if top else ""
-    return Explanation("NORM_MISSING", f"is the raw (pre-norm) stream{what}; the expected tensor is its {kind} output",
+    return Explanation(C.NORM_MISSING, f"is the raw (pre-norm) stream{what}; the expected tensor is its {kind} output",
                        before, d, raw, {"norm": kind, "weighted": weighted, **({"stream": n} if top else {})})
 
 
@@ -300,7 +301,7 @@ def token_shift(ev: Evidence, r: Result) -> Explanation | None:
         return None
     d, k, t = best
     where = "later" if k > 0 else "earlier"
-    return Explanation("TOKEN_SHIFT", f"matches {ev.stream_name(t)} shifted by {k:+d} position(s): row i holds the "
+    return Explanation(C.TOKEN_SHIFT, f"matches {ev.stream_name(t)} shifted by {k:+d} position(s): row i holds the "
                        f"reference's row i{k:+d} ({abs(k)} {where})", before, d, t, {"shift": k})
 
 
@@ -332,7 +333,7 @@ def scale_mismatch(ev: Evidence, r: Result) -> Explanation | None:
                  + (f"; the target is a {arch}" if arch else "") + ")") if "sqrt" not in hint else \
             (f" (the target is a {arch})" if arch else "")
         detail["embedding"] = True
-    return Explanation("SCALE_MISMATCH", f"equals the expected tensor times {a:.4g}{hint}", before, d,
+    return Explanation(C.SCALE_MISMATCH, f"equals the expected tensor times {a:.4g}{hint}", before, d,
                        r.ref.name if r.ref else None, detail)
 
 
@@ -344,16 +345,14 @@ def _architecture(ev: Evidence) -> str | None:
 
 
 REGISTRY: tuple[Hypothesis, ...] = (
-    Hypothesis("LAYER_MISMATCH", layer_mismatch),
-    Hypothesis("RESIDUAL_MISSING", residual_missing),
-    Hypothesis("NORM_APPLIED", norm_applied),
-    Hypothesis("NORM_MISSING", norm_missing),
-    Hypothesis("TOKEN_SHIFT", token_shift),
-    Hypothesis("STALE_ROWS", stale.stale_rows),  # after TOKEN_SHIFT: a whole-sequence shift is that
-    Hypothesis("PARTIAL_SHARD", partial_shard),
-    Hypothesis("SCALE_MISMATCH", scale_mismatch),
-    Hypothesis("CONCAT_ORDER", draft_steps.concat_order),  # draft_cat.k only (drafts beyond EAGLE-3)
-    Hypothesis("LAYER_MISMATCH", stream_for_unnamed_slot),  # last: only when nothing else explains it
+    Hypothesis(C.LAYER_MISMATCH, layer_mismatch),
+    Hypothesis(C.RESIDUAL_MISSING, residual_missing),
+    Hypothesis(C.NORM_APPLIED, norm_applied),
+    Hypothesis(C.NORM_MISSING, norm_missing),
+    Hypothesis(C.TOKEN_SHIFT, token_shift),
+    Hypothesis(C.STALE_ROWS, stale.stale_rows),  # after TOKEN_SHIFT: a whole-sequence shift is that
+    Hypothesis(C.PARTIAL_SHARD, partial_shard),
+    Hypothesis(C.SCALE_MISMATCH, scale_mismatch),
+    Hypothesis(C.CONCAT_ORDER, draft_steps.concat_order),  # draft_cat.k only (drafts beyond EAGLE-3)
+    Hypothesis(C.LAYER_MISMATCH, stream_for_unnamed_slot),  # last: only when nothing else explains it
 )
-
-BY_CODE = {h.code: h for h in reversed(REGISTRY)}  # the first entry of a code wins

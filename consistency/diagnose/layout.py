@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from consistency.contract.codes import C
 from consistency.contract.findings import Finding
 from consistency.dump.layout import LayoutFact
 from consistency.dump.ranks import _ranges
@@ -79,29 +80,29 @@ def _ranges_words(d: Mapping[str, Any]) -> str:
 
 
 WORDS: dict[str, Callable[[Mapping[str, Any]], str]] = {
-    "STAGE_MISSING": _missing,
-    "TOKEN_UNOWNED": lambda d: f"{_where(d)}{d['tokens']} token(s) held by no data-parallel rank: "
+    C.STAGE_MISSING: _missing,
+    C.TOKEN_UNOWNED: lambda d: f"{_where(d)}{d['tokens']} token(s) held by no data-parallel rank: "
                                f"{show_keys([tuple(k) if isinstance(k, list) else k for k in d['keys']])}; the merged "
                                "dump lacks them",
-    "TOKEN_DUPLICATE": _duplicate,
-    "STAGE_CONFLICT": _conflict,
-    "STAGE_OUT_OF_RANGE": _outside,
-    "STAGE_RANGES": _ranges_words,
+    C.TOKEN_DUPLICATE: _duplicate,
+    C.STAGE_CONFLICT: _conflict,
+    C.STAGE_OUT_OF_RANGE: _outside,
+    C.STAGE_RANGES: _ranges_words,
 }
 
 
 def _evidence(code: str, d: Mapping[str, Any]) -> dict[str, Any]:
     """The machine-readable part of each fact, in the report's evidence schema."""
-    if code == "STAGE_MISSING":
+    if code == C.STAGE_MISSING:
         return {"stage": d["stage"], "missing_ranks": list(d["missing_ranks"]), "layers": list(d["layers"])}
-    if code == "TOKEN_UNOWNED":
+    if code == C.TOKEN_UNOWNED:
         return {"stage": d["stage"], "tokens": d["tokens"]}
-    if code == "TOKEN_DUPLICATE":
+    if code == C.TOKEN_DUPLICATE:
         return {"stage": d["stage"], "tokens": d["tokens"], "token_rel_diff": float(f"{d['worst']:.4g}")}
-    if code == "STAGE_CONFLICT":
+    if code == C.STAGE_CONFLICT:
         return {"stages": list(d["stages"]), "names": [n for n, _ in d["items"]],
                 "token_rel_diff": {n: float(f"{x:.4g}") for n, x in d["items"]}}
-    if code == "STAGE_OUT_OF_RANGE":
+    if code == C.STAGE_OUT_OF_RANGE:
         return {"stage": d["stage"], "layers": list(d["layers"]), "names": list(d["names"]),
                 "local_index": d["local_index"]}
     return {"stages": list(d.get("stages", []))}

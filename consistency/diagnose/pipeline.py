@@ -11,6 +11,7 @@ import os
 from contextlib import ExitStack
 from typing import TYPE_CHECKING, Any
 
+from consistency.contract.codes import C
 from consistency.contract.ids import parse_ids  # noqa: F401 - re-exported for the CLI
 
 if TYPE_CHECKING:
@@ -239,7 +240,7 @@ def checked_anchors(ref: Any, cand: Any) -> tuple[Any, Any, list[Finding]]:
         else:
             why = (f"it is row-aligned with {x['with']} (one step, one pass) but claims other anchors (row {x['row']}: "
                    f"{x['anchor']} against {x['other']})")
-        out.append(Finding.make("TOKEN_INDEX_FALSE", f"the {p.side}'s token_index of {p.tensor[:80]} is refuted by "
+        out.append(Finding.make(C.TOKEN_INDEX_FALSE, f"the {p.side}'s token_index of {p.tensor[:80]} is refuted by "
                                 f"values: {why}; its rows were paired by order, not by that claim",
                                 tensor=p.tensor[:80], metrics={"side": p.side, "check": p.kind, **x}))
     return sides.ref, sides.cand, out
@@ -290,7 +291,7 @@ def dropped(d: Any, side: str, stitched: Any = None) -> list[Finding]:
     why = f" ({'; '.join(reasons[:4])})" if reasons else ""
     where = f" in {', '.join(files[:4])}{', ...' if len(files) > 4 else ''}" if len(members) > 1 else ""
     left = _left_out(stitched)
-    return [Finding.make("CAPTURES_DROPPED", f"the {side}'s recorder did not record {sum(counts.values())} "
+    return [Finding.make(C.CAPTURES_DROPPED, f"the {side}'s recorder did not record {sum(counts.values())} "
                          f"capture(s){where}{why}: {shown}; what they held was not compared{_left_words(left)}",
                          metrics={"dropped": dict(sorted(counts.items())[:64]), "side": side,
                                   **({"files": files[:64]} if where else {}),

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from consistency import __version__
+from consistency.contract.codes import C
 from consistency.diagnose import metadiff
 from consistency.compare.engine import Comparison
 from consistency.contract.findings import (CompareReport, DumpSummary, Finding, Severity, SimilarityMatrix, SlotReport,
@@ -40,21 +41,21 @@ def build(cmp: Comparison, findings: list[Finding], st: story_mod.Story | None =
             token_rel_diff=float(f"{r.metrics.token_rel_diff:.4g}") if r.metrics else None,
             confidence=None if not r.ident or r.ident.confidence is None else float(f"{min(r.ident.confidence, 1e12):.4g}"),
             runner_up=r.ident.runner_up.name if r.ident and r.ident.runner_up else None,
-            code=by_tensor.get(r.name, "OK")))
+            code=by_tensor.get(r.name, C.OK)))
     findings = concrete_fixes(cmp, findings, slots)
     pairs = {r.name: r.expected for r in cmp.results if r.expected}
     mdiff = metadiff.diff(cmp.ref.metadata, cmp.cand.metadata, pairs)
     if any(d.change.startswith("layout only") for d in mdiff):
         n = sum(d.change.startswith("layout only") for d in mdiff)
-        findings = findings + [Finding.make("LAYOUT_ONLY", f"{n} metadata difference{'s' if n != 1 else ''} in memory "
+        findings = findings + [Finding.make(C.LAYOUT_ONLY, f"{n} metadata difference{'s' if n != 1 else ''} in memory "
                                             f"layout only (stride, contiguity, device, clone vs add): these do not "
                                             f"change values")]
     for d in mdiff:
         if d.severity == Severity.warning:
-            findings = findings + [Finding.make("METADATA_DIFF", f"metadata {d.path}: reference {d.reference!r}, "
+            findings = findings + [Finding.make(C.METADATA_DIFF, f"metadata {d.path}: reference {d.reference!r}, "
                                                 f"candidate {d.candidate!r}")]
-    token_errors = [f for f in findings if f.code in ("NO_COMMON_TOKENS", "CONTEXT_DIFFERS", "TOKENS_EXTRA",
-                                                       "TOKENS_MISSING", "TOKENS_REPLACED")
+    token_errors = [f for f in findings if f.code in (C.NO_COMMON_TOKENS, C.CONTEXT_DIFFERS, C.TOKENS_EXTRA,
+                                                       C.TOKENS_MISSING, C.TOKENS_REPLACED)
                     and f.severity == Severity.error]
     demoted = alignment is not None and alignment.context_differs and not alignment.only_same_context
     summary = summary_mod.summarize(cmp, findings, st, token_errors[0] if token_errors else None, demoted)
@@ -114,7 +115,7 @@ def _as_col(cmp: Comparison, name: str | None, stream: int | None, cols: list[st
     return None
 
 
-_ID_CODES = ("LAYER_MISMATCH", "LAYER_OFFSET", "SLOT_SHIFT")
+_ID_CODES = (C.LAYER_MISMATCH, C.LAYER_OFFSET, C.SLOT_SHIFT)
 
 
 def concrete_fixes(cmp: Comparison, findings: list[Finding], slots: list[SlotReport]) -> list[Finding]:

@@ -12,6 +12,7 @@ import math
 
 from consistency.compare.engine import DRIFT_TOKEN_CAP, Comparison, Result, Status
 from consistency.compare.tolerance import AMBIGUOUS_RATIO, DRIFT_ERROR_FACTOR
+from consistency.contract.codes import C
 from consistency.contract.findings import Finding, Severity
 from consistency.diagnose import causes, draft_steps, hypotheses, partial, rowgroups, rownames, stale, words
 from consistency.diagnose.evidence import Evidence, Explanation
@@ -52,19 +53,19 @@ def finding(ev: Evidence, r: Result) -> tuple[list[Finding], int | None]:
                    "tell the expected stream from its neighbour: nothing was verified" if gap is not None and blind
                    else "; the reference records no neighbouring stream to tell it from, so nothing was verified"
                    if blind else "")
-            out.append(Finding.make("TOLERATED", f"{label} passes {r.floor_why} (token rel_diff {d:.3g}, beyond its "
+            out.append(Finding.make(C.TOLERATED, f"{label} passes {r.floor_why} (token rel_diff {d:.3g}, beyond its "
                                     f"noise floor) but {what}; expected {ev.stream_name(r.expected or '')}{why}",
                                     severity=Severity.error if blind else None, identified_as=held, metrics=metrics,
                                     **base))
             return out, stream
-        out.append(Finding.make("OK", f"{label} matches {r.expected} (token rel_diff "
+        out.append(Finding.make(C.OK, f"{label} matches {r.expected} (token rel_diff "
                                 f"{r.metrics.token_rel_diff:.2e} <= {r.floor:.1e}, {r.floor_why})" if r.metrics else
                                 f"{label} equals {r.expected}", identified_as=held, metrics=metrics, **base))
         if r.ref is not None and r.ref.dtype != r.cand.dtype:
-            out.append(Finding.make("DTYPE_MISMATCH", f"{label} is {r.cand.dtype}, {r.expected} is {r.ref.dtype}; values "
+            out.append(Finding.make(C.DTYPE_MISMATCH, f"{label} is {r.cand.dtype}, {r.expected} is {r.ref.dtype}; values "
                                     f"agree within {r.floor_why or 'exact equality'}", identified_as=held, **base))
         if r.ident and r.slot is not None and (r.ident.confidence or math.inf) < AMBIGUOUS_RATIO:
-            out.append(Finding.make("IDENTIFICATION_AMBIGUOUS", f"{label} matches {r.identified} but "
+            out.append(Finding.make(C.IDENTIFICATION_AMBIGUOUS, f"{label} matches {r.identified} but "
                                     f"{r.ident.runner_up.name if r.ident.runner_up else '?'} is only "
                                     f"{r.ident.confidence:.1f}x farther", identified_as=cmp.canonical(r.identified),
                                     metrics=metrics, **base))
@@ -74,7 +75,7 @@ def finding(ev: Evidence, r: Result) -> tuple[list[Finding], int | None]:
     if names.parse(r.name).kind in names.DRAFT_KINDS and (step := draft_steps.explain_step(ev, r, label, base, metrics)):
         return [step], None
     if r.status in (Status.shape, Status.empty):
-        code = "EMPTY" if r.status == Status.empty else "SHAPE_MISMATCH"
+        code = C.EMPTY if r.status == Status.empty else C.SHAPE_MISMATCH
         shp = lambda v: list(v.shape) if v is not None else None  # noqa: E731
         return [Finding.make(code, f"{label}: candidate shape {shp(r.cand)} vs reference {r.expected} {shp(r.ref)}",
                              metrics={"cand_shape": shp(r.cand), "ref_shape": shp(r.ref)}, **base)], None
@@ -84,10 +85,10 @@ def finding(ev: Evidence, r: Result) -> tuple[list[Finding], int | None]:
         sides = [f"{n} in the {side} (first at {metrics.get(key)})" for n, side, key in
                  ((m.nonfinite_cand, "candidate", "first_nonfinite_cand"), (m.nonfinite_ref, "reference", "first_nonfinite_ref"))
                  if n]
-        return [Finding.make("NONFINITE", f"{label}: NaN/Inf values: " + "; ".join(sides), metrics=metrics, **base)], None
+        return [Finding.make(C.NONFINITE, f"{label}: NaN/Inf values: " + "; ".join(sides), metrics=metrics, **base)], None
     if r.status == Status.exact_mismatch:
         ex = r.exact or {}
-        return [Finding.make("MISMATCH", f"{label}: {ex.get('mismatched')} of {ex.get('numel')} values differ; first at "
+        return [Finding.make(C.MISMATCH, f"{label}: {ex.get('mismatched')} of {ex.get('numel')} values differ; first at "
                              f"{ex.get('first_mismatch_at')} (reference {ex.get('ref_value')}, candidate "
                              f"{ex.get('cand_value')})", metrics=ex, **base)], None
     zero = causes.zeroed(ev, r, label, base, metrics)
@@ -116,17 +117,17 @@ def _unpaired(ev: Evidence, r: Result, label: str, base: dict, metrics: dict) ->
         f"it matches no reference tensor (nearest: {near or 'none comparable'})"
     if r.status == Status.unverified:
         want = words.meaning(r.expectation.meaning, ev._num_layers())
-        return [Finding.make("NOT_VERIFIED", f"{label} should hold {want}, which the reference does not record, so it "
+        return [Finding.make(C.NOT_VERIFIED, f"{label} should hold {want}, which the reference does not record, so it "
                              f"was not verified; {holds}", identified_as=held, metrics=metrics, **base)], stream
     if held is None:
-        return [Finding.make("UNMATCHED", f"{label} has no expected reference ({words.why(r.expectation)}) and {holds}",
+        return [Finding.make(C.UNMATCHED, f"{label} has no expected reference ({words.why(r.expectation)}) and {holds}",
                              metrics=metrics, **base)], None
     if r.slot is None:
-        return [Finding.make("EXTRA", f"{label} has no reference of its name; {holds}", identified_as=held,
+        return [Finding.make(C.EXTRA, f"{label} has no reference of its name; {holds}", identified_as=held,
                              metrics=metrics, **base)], stream
     n_ref = cmp.plan.ref.slot_count or len(cmp.plan.ref.claimed_streams or [])
     if n_ref and r.slot >= n_ref:  # the reference defines the slot list: one more changes fc's input width
-        return [Finding.make("EXTRA", f"{label}: the reference has {n_ref} slot{'s' if n_ref != 1 else ''}, so the "
+        return [Finding.make(C.EXTRA, f"{label}: the reference has {n_ref} slot{'s' if n_ref != 1 else ''}, so the "
                              f"draft's fc takes {n_ref} x hidden; an extra slot changes its input width; {holds}",
                              severity=Severity.error, identified_as=held, metrics=metrics, **base)], stream
     claim = _claimed_stream(cmp, r)
@@ -135,7 +136,7 @@ def _unpaired(ev: Evidence, r: Result, label: str, base: dict, metrics: dict) ->
         verdict = "which its values contradict" if stream is not None and claim != stream else \
             "which its values agree with" if stream == claim else "which nothing could check"
         own = f"; the candidate's own metadata claims stream {claim}, {verdict} (a side never certifies itself)"
-    return [Finding.make("EXPECTATION_UNKNOWN", f"{label}: {holds}; nothing says which stream it should hold "
+    return [Finding.make(C.EXPECTATION_UNKNOWN, f"{label}: {holds}; nothing says which stream it should hold "
                          f"({words.why(r.expectation)}){own}, so it was not verified", identified_as=held,
                          metrics=metrics, **base)], stream
 
@@ -168,7 +169,7 @@ def _explain(ev: Evidence, r: Result, label: str, base: dict, metrics: dict) -> 
     metrics = dict(metrics, tried={x.code: {"before": _g(x.before), "after": _g(x.after)} for x in tried})
     if held:
         x = min(held, key=lambda x: (x.after > floor, x.approximate, x.after))
-        stream = ev.cmp.stream_of(x.identified_as) if x.code == "LAYER_MISMATCH" else None
+        stream = ev.cmp.stream_of(x.identified_as) if x.code == C.LAYER_MISMATCH else None
         ev_d = {"before": _g(x.before), "after": _g(x.after), "metric": "token_rel_diff (sampled rows)",
                 "approximate": x.approximate, **x.detail}
         return [Finding.make(x.code, f"{label} {x.message}", identified_as=ev.cmp.canonical(x.identified_as), metrics=metrics,
@@ -176,7 +177,7 @@ def _explain(ev: Evidence, r: Result, label: str, base: dict, metrics: dict) -> 
     d = r.metrics.token_rel_diff
     part = partial.find(ev, r)
     if part is not None and part.split:  # a block only partly there: a missing all-reduce / MoE combine, not drift
-        return [Finding.make("PARTIAL_SHARD", f"{label} {partial.sentence(ev, part)}", metrics=metrics,
+        return [Finding.make(C.PARTIAL_SHARD, f"{label} {partial.sentence(ev, part)}", metrics=metrics,
                              evidence={"layer": part.layer, "block": part.block, "block_output": part.tensor,
                                        "missing_share": _g(part.share), "split_cos": _g(part.cos),
                                        "partial_rows": part.partial_rows, "whole_rows": part.whole_rows,
@@ -189,7 +190,7 @@ def _explain(ev: Evidence, r: Result, label: str, base: dict, metrics: dict) -> 
         gap = r.ident.gap if r.ident else None
         what = ev.stream_name(r.ref.name)
         near_other = f"; the nearest other stream is {gap:.2e} away" if gap else ""
-        return [Finding.make("NUMERIC_DRIFT", f"{label} still holds {what} but differs by token rel_diff {d:.2e}, "
+        return [Finding.make(C.NUMERIC_DRIFT, f"{label} still holds {what} but differs by token rel_diff {d:.2e}, "
                              f"{d / r.floor:.0f}x its noise floor ({r.floor_why}){near_other}"
                              + (f"; {r.metrics.mismatch_sentence(r.cand.shape)}{rownames.at_max(ev.cmp, r)} "
                                 f"(--rtol/--atol given)" if strict else ""),
@@ -197,10 +198,10 @@ def _explain(ev: Evidence, r: Result, label: str, base: dict, metrics: dict) -> 
                              **base)], r.expected_stream
     other = _matched_other(ev, r, label, base, metrics) or causes.zero_rows(ev, r, label, base, metrics)
     if other is not None:
-        return [other], r.holds_stream if other.code == "LAYER_MISMATCH" else None
+        return [other], r.holds_stream if other.code == C.LAYER_MISMATCH else None
     near = ", ".join(f"{ev.cmp.canonical(x.name)} ({x.distance:.3g})" for x in (r.ident.ranking[:3] if r.ident else []))
     thin = causes.thin_note(ev, r)
-    return [Finding.make("UNKNOWN", f"{label} differs from {ev.stream_name(r.expected or '')} (token rel_diff {d:.3g}, "
+    return [Finding.make(C.UNKNOWN, f"{label} differs from {ev.stream_name(r.expected or '')} (token rel_diff {d:.3g}, "
                          f"{d / r.floor:.0f}x its floor) and no explanation holds; nearest: {near or 'none'}.{thin} "
                          f"{r.metrics.mismatch_sentence(r.cand.shape)}{rownames.at_max(ev.cmp, r)}",
                          identified_as=None, metrics=metrics, **base)], None
@@ -213,7 +214,7 @@ def _matched_other(ev: Evidence, r: Result, label: str, base: dict, metrics: dic
             (r.ref is not None and r.ref.name in r.ident.group):
         return None
     d = r.ident.best.distance
-    return Finding.make("LAYER_MISMATCH", f"{label} holds {ev.stream_name(r.holds)} (token rel_diff {d:.3g}, within "
+    return Finding.make(C.LAYER_MISMATCH, f"{label} holds {ev.stream_name(r.holds)} (token rel_diff {d:.3g}, within "
                         f"its noise floor); expected {words.meaning(r.expectation.meaning, ev._num_layers())}",
                         identified_as=r.holds, metrics=metrics,
                         evidence={"stream": r.holds_stream, "expected_stream": r.expected_stream,

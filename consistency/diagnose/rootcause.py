@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from consistency.contract.codes import C
 from consistency.contract.findings import Finding, Severity
 
 
@@ -29,7 +30,7 @@ def fold_consequences(findings: list[Finding], order: Callable[[Finding], Any], 
         o = order(f)
         if f is not root and o is not None and o > root_o and f.severity == Severity.error and follows(f, root):
             later.append(f.tensor or "?")
-            out.append(Finding.make("PROPAGATED", f"{f.tensor}: differs as a consequence of the first divergence at "
+            out.append(Finding.make(C.PROPAGATED, f"{f.tensor}: differs as a consequence of the first divergence at "
                                     f"{where(root)} ({root.code}); was: {f.message}", tensor=f.tensor,
                                     expected=f.expected, metrics=f.metrics,
                                     evidence={"root": where(root), "root_code": root.code, "was": f.code}))

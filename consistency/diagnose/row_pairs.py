@@ -19,6 +19,7 @@ import numpy as np
 from consistency.compare.engine import Result, Status
 from consistency.compare.plan import OWN_STEP
 from consistency.compare.types import Source, StepHeld
+from consistency.contract.codes import C
 from consistency.contract.findings import Finding, Severity
 from consistency.contract.models import Recycle
 from consistency.diagnose import words
@@ -27,8 +28,8 @@ from consistency.dump import names
 _WHAT = {Recycle.d_norm: "its own step {j} output after the draft's final norm (d_norm)",
          Recycle.d_raw: "its own step {j} output before the draft's final norm (d_raw)",
          Recycle.target: "the target's hidden state"}
-_CODE = {(Recycle.d_raw, Recycle.d_norm): "RECYCLE_NORM_MISSING",
-         (Recycle.d_norm, Recycle.d_raw): "RECYCLE_NORM_APPLIED"}
+_CODE = {(Recycle.d_raw, Recycle.d_norm): C.RECYCLE_NORM_MISSING,
+         (Recycle.d_norm, Recycle.d_raw): C.RECYCLE_NORM_APPLIED}
 
 
 def no_rows(r: Result) -> bool:
@@ -60,7 +61,7 @@ def unpaired_rows(r: Result) -> list[Finding]:
     if late:
         msg += f"; what step {n.index} was fed is checked on {names.recycle(n.index)} against the candidate's " \
                "own states"
-    return [Finding.make("NOT_VERIFIED", msg, severity=Severity.warning if late else None, **base)]
+    return [Finding.make(C.NOT_VERIFIED, msg, severity=Severity.warning if late else None, **base)]
 
 
 def _recycle_own(r: Result, k: int, base: dict) -> Finding:
@@ -80,19 +81,19 @@ def _recycle_own(r: Result, k: int, base: dict) -> Finding:
     if st.rule is None:
         claim = f" (the candidate's metadata claims {st.claimed_rule.value}; a side never certifies itself)" \
             if st.claimed_rule is not None else ""
-        return Finding.make("NOT_VERIFIED", f"{head}; neither the reference (its values or its metadata) nor the "
+        return Finding.make(C.NOT_VERIFIED, f"{head}; neither the reference (its values or its metadata) nor the "
                             f"contract says what the draft recycles, so it is not verified{claim} (give --contract, "
                             f"or a reference with per-step tensors or metadata.extra['consumer'])", evidence=ev, **base)
     rule = f"{rule_origin(st)} recycles {st.rule.value}"
     if st.cand_kind == st.rule:
-        return Finding.make("OK", f"{head}, as {rule}", identified_as=_tensor(st.cand_source), evidence=ev, **base)
+        return Finding.make(C.OK, f"{head}, as {rule}", identified_as=_tensor(st.cand_source), evidence=ev, **base)
     if st.cand_kind is None:
         if own and own not in st.distances:
-            return Finding.make("NOT_VERIFIED", f"{head}; {rule}, which the candidate does not record at these "
+            return Finding.make(C.NOT_VERIFIED, f"{head}; {rule}, which the candidate does not record at these "
                                 f"anchors ({own.split(':')[1]}), so it is not verified", evidence=ev, **base)
         gap = f" (token rel_diff {st.distances[own]:.3g} to {own.split(':')[1]})" if own in st.distances else ""
-        return Finding.make("MISMATCH", f"{head}; {rule}, and it is not that state{gap}", evidence=ev, **base)
-    code = _CODE.get((st.cand_kind, st.rule), "RECYCLE_TARGET")
+        return Finding.make(C.MISMATCH, f"{head}; {rule}, and it is not that state{gap}", evidence=ev, **base)
+    code = _CODE.get((st.cand_kind, st.rule), C.RECYCLE_TARGET)
     return Finding.make(code, f"{head}, but {rule}", identified_as=_tensor(st.cand_source), evidence=ev, **base)
 
 

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from consistency.compare.engine import Comparison, Result
+from consistency.contract.codes import C
 from consistency.contract.findings import Finding
 from consistency.diagnose.evidence import Evidence
 from consistency.diagnose.normfit import looks_normed, norm_fit
@@ -129,17 +130,17 @@ def _identify(ev: Evidence, r: Result, rows: np.ndarray, c: np.ndarray, tol: flo
             best = (d, s)
     want = r.expected_stream
     if best is not None and best[1] != want:
-        return "LAYER_MISMATCH", f"hold{'s' if len(rows) == 1 else ''} stream {best[1]}", {"holds_stream": best[1]}
+        return C.LAYER_MISMATCH, f"hold{'s' if len(rows) == 1 else ''} stream {best[1]}", {"holds_stream": best[1]}
     if want is not None and want - 1 in streams and want in streams:
         delta = streams[want].take_rows(rows, np.float64) - streams[want - 1].take_rows(rows, np.float64)
         if float(_rel(c, delta).max()) <= tol:
-            return ("RESIDUAL_MISSING", f"hold the block delta hidden.{want} - hidden.{want - 1} (the residual not "
+            return (C.RESIDUAL_MISSING, f"hold the block delta hidden.{want} - hidden.{want - 1} (the residual not "
                     f"added)", {"holds": f"hidden.{want} - hidden.{want - 1}"})
     if len(rows) >= NORM_MIN_ROWS:
         e = r.ref.take_rows(rows, np.float64)
         d, kind, weighted = norm_fit(c, e)
         if d <= NORM_FIT_FLOORS * tol / HOLD and looks_normed(c, e, d, tol / HOLD):
-            return ("NORM_APPLIED", f"hold the expected stream after {kind}{' with a weight' if weighted else ''} "
+            return (C.NORM_APPLIED, f"hold the expected stream after {kind}{' with a weight' if weighted else ''} "
                     "(a norm's output)", {"norm": kind, "weighted": weighted})
     if r.ref.rows <= MAX_REF_ROWS:
         j, dj = _nearest_rows(r.ref, c)
@@ -151,7 +152,7 @@ def _identify(ev: Evidence, r: Result, rows: np.ndarray, c: np.ndarray, tol: flo
             shown = ", ".join(f"row {a} holds {b}" for a, b in list(pairs.items())[:SHOW])
             what = "another request's row at the same position" if same_pos else "other rows of the reference"
             more = ", ..." if len(pairs) > SHOW else ""
-            return "ROWS_SWAPPED", f"hold {what} (compared {shown}{more})", {"holds_rows": pairs}
+            return C.ROWS_SWAPPED, f"hold {what} (compared {shown}{more})", {"holds_rows": pairs}
     return None
 
 
@@ -213,6 +214,6 @@ def explain(ev: Evidence, r: Result, label: str, base: dict, metrics: dict) -> F
         parts.append(" and ".join(g.words() for g in rest) + f" hold {want} as the reference expects")
     graphs_only = all(f["graph"] is not None for f in found) and rest and all(g.graph is None for g in rest)
     tail = ": a difference only under CUDA graphs" if graphs_only else ""
-    return Finding.make(code or "BAD_TOKENS", f"{label}: " + "; ".join(parts) + tail, identified_as=r.holds,
+    return Finding.make(code or C.BAD_TOKENS, f"{label}: " + "; ".join(parts) + tail, identified_as=r.holds,
                         metrics=metrics, evidence={"row_groups": found, "token_rows": bad[:256], "count": len(bad)},
                         **base)

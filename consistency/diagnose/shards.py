@@ -9,6 +9,7 @@ import numpy as np
 
 from consistency.compare.engine import Result
 from consistency.compare.identify import token_distance
+from consistency.contract.codes import C
 from consistency.diagnose.evidence import Evidence, Explanation
 from consistency.dump import names
 
@@ -29,7 +30,7 @@ def partial_shard(ev: Evidence, r: Result) -> Explanation | None:
         zero = _zero_rows_by_rank(ev, r)
         where = "; ".join(f"rank {k}: {len(v)} zero token rows {v[:8]}{'...' if len(v) > 8 else ''}"
                           for k, v in zero.items() if v)
-        return Explanation("PARTIAL_SHARD", f"is rank 0's partial result: the {summed[1]} ranks' copies sum to the "
+        return Explanation(C.PARTIAL_SHARD, f"is rank 0's partial result: the {summed[1]} ranks' copies sum to the "
                            f"expected tensor, so an all-reduce is missing" + (f" ({where})" if where else ""),
                            before, d, r.ref.name if r.ref else None,
                            {"ranks": summed[1], "zero_token_rows_by_rank": {str(k): v[:64] for k, v in zero.items()}})
@@ -67,7 +68,7 @@ def partial_shard(ev: Evidence, r: Result) -> Explanation | None:
         assert meta is not None
         detail["rank"], detail["world_size"] = meta.rank, meta.world_size
         msg = f"rank {meta.rank} of {meta.world_size}: " + msg
-    return Explanation("PARTIAL_SHARD", f"{msg}: {what}", before, d, r.ref.name if r.ref else None, detail)
+    return Explanation(C.PARTIAL_SHARD, f"{msg}: {what}", before, d, r.ref.name if r.ref else None, detail)
 
 
 def _embedding(ev: Evidence, r: Result) -> bool:

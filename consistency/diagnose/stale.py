@@ -15,6 +15,7 @@ import numpy as np
 
 from consistency.compare.engine import Result
 from consistency.compare.rowbar import NEIGHBOUR_SHARE
+from consistency.contract.codes import C
 from consistency.diagnose.evidence import Evidence, Explanation
 
 MAX_STALE = 16  # how many rows back a stale row may be
@@ -51,7 +52,7 @@ def _explanation(before: float, after: float, rows: list[int], of: int, lags: li
                  sampled: bool) -> Explanation:
     shown = ", ".join(map(str, rows[:8])) + (", ..." if len(rows) > 8 else "")
     what = f"{len(rows)} of {of} {'sampled ' if sampled else ''}token rows"
-    return Explanation("STALE_ROWS", f"holds an earlier row of the reference ({'/'.join(map(str, lags[:4]))}"
+    return Explanation(C.STALE_ROWS, f"holds an earlier row of the reference ({'/'.join(map(str, lags[:4]))}"
                        f"{'...' if len(lags) > 4 else ''} step(s) back) at {what}, rows [{shown}], and agrees at the "
                        f"rest: a buffer not refreshed between steps (under CUDA graphs: a static buffer between "
                        f"replays)", before, after, name,

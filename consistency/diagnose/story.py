@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from consistency.contract.codes import C
 from consistency.dump import names
 
 
@@ -59,29 +60,29 @@ def tell(expected: Sequence[int | None], actual: Sequence[int | None], cand_side
     if n >= 2 and sorted(a) == sorted(e):
         rot = next((k for k in range(1, n) if a == e[k:] + e[:k]), None)
         how = f"rotated by {rot} slot{'s' if rot != 1 else ''}" if rot else "a permutation"
-        return Story("ORDER_MISMATCH", f"{head} -- the same streams in another order ({how})",
+        return Story(C.ORDER_MISMATCH, f"{head} -- the same streams in another order ({how})",
                      {"expected": e, "actual": a, "permutation": [e.index(x) for x in a]})
     if n >= 2 and len(set(a)) == len(a):  # a stream fed twice is no shift or offset: per-slot findings say it
         offs = {x - y for x, y in zip(a, e, strict=True)}
         if len(offs) == 1:
             k = offs.pop()
-            return Story("LAYER_OFFSET", f"{head} -- every slot is {abs(k)} layer{'s' if abs(k) != 1 else ''} "
+            return Story(C.LAYER_OFFSET, f"{head} -- every slot is {abs(k)} layer{'s' if abs(k) != 1 else ''} "
                          f"{'later' if k > 0 else 'earlier'} (a layer-id convention off by {k:+d}{family(k)})",
                          {"offset": k, "expected": e, "actual": a})
         for k in _shifts(n):
             if a[: n - k] == e[k:]:
                 missing = ", ".join(describe(x, num_layers) for x in e[:k])
                 extra = ", ".join(describe(x, num_layers) for x in a[n - k:])
-                return Story("SLOT_SHIFT", f"{head} -- the slot list is shifted by {k} slot{'s' if k > 1 else ''}: "
+                return Story(C.SLOT_SHIFT, f"{head} -- the slot list is shifted by {k} slot{'s' if k > 1 else ''}: "
                              f"{cand_side} is missing {missing} and adds {extra}",
                              {"shift": -k, "missing": e[:k], "added": a[n - k:], "expected": e, "actual": a})
             if a[k:] == e[: n - k]:
                 missing = ", ".join(describe(x, num_layers) for x in e[n - k:])
                 extra = ", ".join(describe(x, num_layers) for x in a[:k])
-                return Story("SLOT_SHIFT", f"{head} -- the slot list is shifted by {k} slot{'s' if k > 1 else ''}: "
+                return Story(C.SLOT_SHIFT, f"{head} -- the slot list is shifted by {k} slot{'s' if k > 1 else ''}: "
                              f"{cand_side} adds {extra} in front and is missing {missing}",
                              {"shift": k, "missing": e[n - k:], "added": a[:k], "expected": e, "actual": a})
-    return Story("LAYER_MISMATCH", head, {"expected": e, "actual": a})
+    return Story(C.LAYER_MISMATCH, head, {"expected": e, "actual": a})
 
 
 def _shift_with_unknown(e: list[int], a: list[int | None], cand_side: str, ref_side: str,
@@ -92,7 +93,7 @@ def _shift_with_unknown(e: list[int], a: list[int | None], cand_side: str, ref_s
             missing = ", ".join(describe(x, num_layers) for x in e[:k])
             extra = ", ".join("a stream the reference does not record" if x is None else describe(x, num_layers)
                               for x in a[n - k:])
-            return Story("SLOT_SHIFT", f"{cand_side} fed streams {_fmt(a)}; {ref_side} used {_fmt(e)} -- the slot list "
+            return Story(C.SLOT_SHIFT, f"{cand_side} fed streams {_fmt(a)}; {ref_side} used {_fmt(e)} -- the slot list "
                          f"is shifted by {k} slot{'s' if k > 1 else ''}: {cand_side} is missing {missing} and adds "
                          f"{extra}", {"shift": -k, "missing": e[:k], "added": a[n - k:], "expected": e, "actual": a})
     return None
@@ -112,13 +113,13 @@ def tell_by_slot(expected: Sequence[int | None], actual: Sequence[int | None], c
                                                         f"a stream {ref_side} never recorded")
                      for i, x in enumerate(a) if x != e[i])
     if all(x is not None for x in a) and sorted(a) == sorted(e):  # type: ignore[type-var]
-        return Story("ORDER_MISMATCH", f"{head} -- the same slots in another order",
+        return Story(C.ORDER_MISMATCH, f"{head} -- the same slots in another order",
                      {"expected_slots": e, "actual_slots": a, "by": "reference slots"})
     for k in _shifts(n):
         if a[: n - k] == e[k:] and all(x is None or x not in e[k:] for x in a[n - k:]):
-            return Story("SLOT_SHIFT", f"{head} -- the list is shifted by {k} slot{'s' if k > 1 else ''}",
+            return Story(C.SLOT_SHIFT, f"{head} -- the list is shifted by {k} slot{'s' if k > 1 else ''}",
                          {"shift": -k, "expected_slots": e, "actual_slots": a, "by": "reference slots"})
         if a[k:] == e[: n - k] and all(x is None or x not in e[: n - k] for x in a[:k]):
-            return Story("SLOT_SHIFT", f"{head} -- the list is shifted by {k} slot{'s' if k > 1 else ''}",
+            return Story(C.SLOT_SHIFT, f"{head} -- the list is shifted by {k} slot{'s' if k > 1 else ''}",
                          {"shift": k, "expected_slots": e, "actual_slots": a, "by": "reference slots"})
-    return Story("LAYER_MISMATCH", head, {"expected_slots": e, "actual_slots": a})
+    return Story(C.LAYER_MISMATCH, head, {"expected_slots": e, "actual_slots": a})

@@ -8,6 +8,7 @@ slot-list story, then the first error.
 
 from __future__ import annotations
 
+from consistency.contract.codes import C
 from consistency.compare.engine import Comparison, Status
 from consistency.contract.findings import CODES, Finding, Severity
 from consistency.diagnose import story as story_mod
@@ -40,7 +41,7 @@ def _body(cmp: Comparison, findings: list[Finding], errors: list[Finding], warni
     leading = next((f for f in errors if CODES[f.code].leads), None)
     if leading is not None:
         return _first(leading, errors)
-    if st is not None and st.code != "LAYER_MISMATCH":
+    if st is not None and st.code != C.LAYER_MISMATCH:
         return st.sentence
     if not errors:
         return _pass(cmp, warnings)

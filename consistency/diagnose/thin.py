@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from consistency.compare.engine import Result
+from consistency.contract.codes import C
 from consistency.diagnose.evidence import Evidence
 from consistency.diagnose.story import Story, family
 from consistency.dump import names
@@ -193,7 +194,7 @@ def story(ev: Evidence, slots: Sequence[Result], unexplained: Sequence[bool], ca
         top = ev._num_layers()
         said = "; ".join(f"slot {r.slot} {_short(p, top)}" for r, p in zip(slots, ps, strict=True)
                          if p is not None and p.side is not None)
-        return Story("UNKNOWN", f"the slots did not all move the same way ({said}): no single layer offset explains "
+        return Story(C.UNKNOWN, f"the slots did not all move the same way ({said}): no single layer offset explains "
                      f"them; the reference records streams {have}{_only(ev)}, so record every stream on the "
                      "reference side to name each", {"directions": [p.side if p else None for p in ps],
                                                      "measured": False, "recorded": have})
@@ -216,7 +217,7 @@ def story(ev: Evidence, slots: Sequence[Result], unexplained: Sequence[bool], ca
         sentence += f" ({cand_side}'s metadata claims streams {list(claimed)}, " + \
             ("which the values agree with; a claim is compared, never trusted)" if fits else
              "which the values do not bear out)")
-    return Story("LAYER_OFFSET", sentence, {"direction": side, "expected": expected, "measured": False,
+    return Story(C.LAYER_OFFSET, sentence, {"direction": side, "expected": expected, "measured": False,
                                            "ranges": [list(b) if b else None for b in ranges], "recorded": have})
 
 
@@ -252,5 +253,5 @@ def mixed(ev: Evidence, slots: Sequence[Result], expected: Sequence[int | None],
                 f"{'s' if abs(k) != 1 else ''} {side} (a layer-id convention off by {k:+d}{family(k)}): "
                 f"measured on slot{'s' if len(measured) != 1 else ''} {measured}; {'; '.join(said)}, consistent with "
                 f"it (the reference records streams {recorded(ev, slots[0])}{_only(ev)})")
-    return Story("LAYER_OFFSET", sentence, {"offset": k, "expected": list(expected), "actual": list(got),
+    return Story(C.LAYER_OFFSET, sentence, {"offset": k, "expected": list(expected), "actual": list(got),
                                            "measured_slots": measured, "measured": True})

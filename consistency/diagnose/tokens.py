@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from consistency.compare.tokens import Replacement, Span, TokenAlignment
+from consistency.contract.codes import C
 from consistency.contract.findings import Finding, Severity, with_property
 from consistency.dump import names
 from consistency.dump.reader import Dump
@@ -42,7 +43,7 @@ def findings(al: TokenAlignment, rlabel: str, clabel: str, tokenizer: Any = None
     out: list[Finding] = []
     tensor = names.INPUT_IDS
     if al.method == "none" and al.ref_tokens and al.cand_tokens and al.ids_checked:
-        out.append(Finding.make("NO_COMMON_TOKENS", f"the {clabel} side's {_count(al.cand_tokens)} and the {rlabel} "
+        out.append(Finding.make(C.NO_COMMON_TOKENS, f"the {clabel} side's {_count(al.cand_tokens)} and the {rlabel} "
                                 f"side's {_count(al.ref_tokens)} share no run of tokens: different prompts, nothing "
                                 "to compare", tensor=tensor, metrics={"reference_tokens": al.ref_tokens,
                                                                       "candidate_tokens": al.cand_tokens}))
@@ -67,7 +68,7 @@ def findings(al: TokenAlignment, rlabel: str, clabel: str, tokenizer: Any = None
                      if r.where != "end"), None) \
             or "the token positions or earlier tokens differ"
         out.append(Finding.make(
-            "CONTEXT_DIFFERS",
+            C.CONTEXT_DIFFERS,
             f"{n} of {al.compared} compared tokens saw different tokens before them ({lead}); a causal model's "
             "state depends on every earlier token, so each later state differs a little for that reason alone, "
             "not because of a layer, a norm or a kernel",
@@ -90,7 +91,7 @@ def _extra(sp: Span, rlabel: str, clabel: str, tokenizer: Any) -> Finding:
     else:
         msg = f"{clabel} has {_count(sp.length, 'extra')} in the middle {_describe(sp)}: tokens the {rlabel} side lacked"
         sev = None
-    return Finding.make("TOKENS_EXTRA", msg, sev, tensor=names.INPUT_IDS,
+    return Finding.make(C.TOKENS_EXTRA, msg, sev, tensor=names.INPUT_IDS,
                         metrics={"start": sp.start, "stop": sp.stop, "where": sp.where, "tokens": sp.length})
 
 
@@ -111,7 +112,7 @@ def _missing(sp: Span, rlabel: str, clabel: str, disproved: bool = False) -> Fin
     else:
         msg = f"{clabel} lacks {sp.length} of the {rlabel} side's tokens in the middle {_describe(sp)}"
         sev = None
-    return Finding.make("TOKENS_MISSING", msg, sev, tensor=names.INPUT_IDS,
+    return Finding.make(C.TOKENS_MISSING, msg, sev, tensor=names.INPUT_IDS,
                         metrics={"start": sp.start, "stop": sp.stop, "where": sp.where, "tokens": sp.length})
 
 
@@ -131,7 +132,7 @@ def _replaced(rep: Replacement, rlabel: str, clabel: str) -> Finding:
     else:
         msg = f"the two sides hold other tokens in the middle: {both}; an edit of the text (a replacement)"
         sev = None
-    return Finding.make("TOKENS_REPLACED", msg, sev, tensor=names.INPUT_IDS,
+    return Finding.make(C.TOKENS_REPLACED, msg, sev, tensor=names.INPUT_IDS,
                         metrics={"where": rep.where, "reference": [r.start, r.stop], "candidate": [c.start, c.stop],
                                  "reference_tokens": r.length, "candidate_tokens": c.length})
 
@@ -147,7 +148,7 @@ def _uncaptured(sp: Span, rlabel: str, clabel: str, al: TokenAlignment) -> Findi
     else:
         msg = (f"{clabel} did not record {n} of the {rlabel} side's {_describe(sp)}; its positions continue across "
                "them (tokens another data-parallel rank holds, or a pass not captured), so later tokens saw them")
-    return Finding.make("NOT_CAPTURED", msg, tensor=names.INPUT_IDS,
+    return Finding.make(C.NOT_CAPTURED, msg, tensor=names.INPUT_IDS,
                         metrics={"start": sp.start, "stop": sp.stop, "where": sp.where, "tokens": sp.length,
                                  "by_values": bool(al.cached_by_values and sp.where in ("start", "whole"))})
 
@@ -166,7 +167,7 @@ def _verify(v: dict, label: str) -> Finding:
                    for e in v.get("examples", [])[:3])
     msg = f"{label} side: " + "; ".join(bits) + (f" (e.g. {ex})" if ex else "") + \
         "; the kept rows are those of accepted tokens, compared as the model computed them"
-    return Finding.make("VERIFY_PASSES", msg, tensor=names.INPUT_IDS, metrics=dict(v))
+    return Finding.make(C.VERIFY_PASSES, msg, tensor=names.INPUT_IDS, metrics=dict(v))
 
 
 def _is_bos(sp: Span, tokenizer: Any) -> bool:

@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from consistency.compare.types import Conflict, Expectation, Meaning, Note, RowPairing, Source
+from consistency.contract.codes import C
 from consistency.contract.models import NormState
 from consistency.dump import names
 
@@ -78,7 +79,7 @@ def conflict(c: Conflict, num_layers: int | None = None) -> str:
     if d.get("what") == "consumer":
         return (f"{c.by} declares a {d['declared'][0]} consumer recycling {d['declared'][1]}, the reference's metadata "
                 f"a {d['reference'][0]} consumer recycling {d['reference'][1]}: the reference's is used")
-    if c.kind == "REF_CLAIM_CONTRADICTED":
+    if c.kind == C.REF_CLAIM_CONTRADICTED:
         tensor = d.get("tensor", f"aux.{c.slot}")
         holds = f"hold {describe(d['holds'], c.holds.stream, num_layers)}" if d.get("holds") else \
             f"is not {meaning(c.said, num_layers)} (nor any recorded stream)"

@@ -17,20 +17,24 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from consistency.compare.request import CompareRequest
 from consistency.dump.atomic import hidden_by_symlink, workspace
 from consistency.errors import InputError, UsageError
+from consistency.lint.engine import FAIL_ON, LintRequest
 
-LINT_KEYS = {"name", "draft", "target", "serve", "runtime", "trained_with", "select", "ignore", "fail_on", "optional"}
-COMPARE_KEYS = {"name", "reference", "candidate", "contract", "rtol", "atol", "threshold", "tolerance", "layer_ids",
-                "convention", "optional"}
+# A [[lint]] / [[compare]] table sets its request's own fields (the request says what a check can
+# be asked, and validates it), less what only an in-process caller can hand over, plus the
+# gate's two (the check's name, optional). A field added to a request is a gate key at once.
+IN_PROCESS_ONLY = {"tokenizer", "progress"}  # an object or a callback (a tokenizer path would load a PR's files)
+LINT_KEYS = {f.name for f in fields(LintRequest)} | {"name", "optional"}
+COMPARE_KEYS = ({f.name for f in fields(CompareRequest)} - IN_PROCESS_ONLY) | {"name", "optional"}
 GATE_KEYS = {"fail_on", "json", "junit", "sarif", "summary", "annotations", "force"}
 OUTPUT_KEYS = ("json", "junit", "sarif", "summary")
 PATH_KEYS = {"draft", "target", "reference", "candidate", "contract", "trained_with", "dump", "train", "serve_dump"}
-FAIL_ON = ("error", "warning")
 
 # The type each key must have (a value of another type is an error, never a silent
 # default): "str", "num" (int or float, not bool), "bool", "strs" (a string or a list of
@@ -39,6 +43,7 @@ TYPES: dict[str, str] = {
     "name": "str", "draft": "str", "target": "str", "serve": "str", "runtime": "str", "trained_with": "str",
     "select": "strs", "ignore": "strs", "fail_on": "str", "reference": "str", "candidate": "str", "contract": "str",
     "rtol": "num", "atol": "num", "threshold": "num", "tolerance": "tolerance", "layer_ids": "ids",
+    "ref_layer_ids": "ids", "cand_layer_ids": "ids", "consumer": "str",
     "convention": "str", "json": "str", "junit": "str", "sarif": "str", "summary": "str", "annotations": "bool",
     "steps": "int", "max_drop_points": "num", "max_drop": "num", "min_acceptance": "num", "feed": "str",
     "labels": "str", "optional": "bool",

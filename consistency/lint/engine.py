@@ -7,6 +7,7 @@ small ``d2t``/``t2d`` tensors are read.
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +26,7 @@ from consistency.lint.fix_rules import propose
 from consistency.lint.kind import LABEL, draft_kind, requested
 from consistency.lint.plan import alternatives, arch_key, serving_plan
 from consistency.lint.rules import Rule, select
+from consistency.lint.rules.base import EAGLE3
 from consistency.lint.rules.runtimes import draft_slots
 from consistency.lint.serve import adopt_speculators, parse_serve
 from consistency.lint.trained import from_draft, parse_trained_with
@@ -33,8 +35,16 @@ RUNTIMES = ("sglang", "vllm")
 _CONFIG_RULES = ("IDS", "SHP", "VOC", "NRM")  # findings located in the draft config by default
 
 
-@dataclass
+FAIL_ON = ("error", "warning")  # the severities a run can fail on (the gate's config reads this too)
+_TEXT = ("draft", "target", "serve", "runtime", "trained_with")
+
+
+@dataclass(frozen=True)
 class LintRequest:
+    """What a lint run is asked to check, validated here and nowhere else: the CLI, the gate and
+    the Python API each build one, and a bad field is a usage error naming the field before
+    anything is read. Frozen: the engine and ``--fix`` read it, never edit it."""
+
     draft: str | None = None
     target: str | None = None
     serve: str | None = None
@@ -43,6 +53,22 @@ class LintRequest:
     select: tuple[str, ...] = ()
     ignore: tuple[str, ...] = ()
     fail_on: str = "error"  # or "warning"
+
+    def __post_init__(self) -> None:
+        for name in _TEXT:
+            v = getattr(self, name)
+            if isinstance(v, os.PathLike):
+                object.__setattr__(self, name, os.fspath(v))
+            elif v is not None and not isinstance(v, str):
+                raise UsageError(f"lint: {name} must be a string or a path, got {type(v).__name__}")
+        for name in ("select", "ignore"):
+            v = getattr(self, name)
+            v = () if v is None else (v,) if isinstance(v, str) else tuple(v)
+            if not all(isinstance(x, str) for x in v):
+                raise UsageError(f"lint: {name} must be rule codes (strings), got {v!r}")
+            object.__setattr__(self, name, v)
+        if self.fail_on not in FAIL_ON:
+            raise UsageError(f"fail_on must be 'error' or 'warning', got {self.fail_on!r}")
 
 
 @dataclass
@@ -173,15 +199,15 @@ def _target(req: LintRequest, ctx: Context, notes: list[str]) -> TargetInfo | No
     return None
 
 
-# Rules about EAGLE-3's aux streams, fc, vocabulary map and norm flags: for another kind of
-# draft (MTP, EAGLE-1, Medusa) they are not evaluated, never passed (lint/kind.py decides the kind).
+# Rules whose row says they concern aux-stream drafts (EAGLE3: aux streams, fc, vocabulary map,
+# norm flags): for another kind of draft (MTP, EAGLE-1, Medusa) they are not evaluated, never
+# passed (lint/kind.py decides the kind).
 LAST_HIDDEN = (Consumer.mtp, Consumer.eagle1, Consumer.medusa)  # drafts that read one last state, no aux ids
-EAGLE3_ONLY = ("IDS", "SHP001", "SHP004", "NRM", "VOC", "SRV003", "SRV005", "SRV007")  # SRV004: any kind on SGLang
 
 
 def not_applicable(rule: Rule, ctx: Context) -> str | None:
     """Why ``rule`` does not concern this draft at all (not a pass, not a missing input)."""
-    if rule.code.startswith(EAGLE3_ONLY) and ctx.kind in LAST_HIDDEN:
+    if rule.applies_to == EAGLE3 and ctx.kind in LAST_HIDDEN:
         return f"an EAGLE-3 aux-stream rule, and the draft here is {LABEL[ctx.kind]}"
     return None
 

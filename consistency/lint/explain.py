@@ -1,18 +1,15 @@
 """``consistency lint --explain CODE``: a rule's page, where a user reads it (the terminal).
 
-The page is docs/rules/CODE.md of a source checkout; an installed wheel has no docs, so the
-rule's own metadata (title, severity, source, fix) is printed either way and the page is
-appended when it is found.
+The page is rendered from the rule's row and its hand-written text shipped inside the package
+(lint/rules_doc.py), the same text as docs/rules/CODE.md: a pip install prints the whole page,
+not only the row, and never a page that disagrees with the registry.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from consistency.errors import UsageError
 from consistency.lint.rules import REGISTRY
-
-DOCS = Path(__file__).resolve().parents[2] / "docs" / "rules"
+from consistency.lint.rules_doc import render
 
 
 def explain(selector: str) -> str:
@@ -21,9 +18,4 @@ def explain(selector: str) -> str:
     rule = REGISTRY.get(key.upper()) or next((r for r in REGISTRY.values() if r.name == key.lower()), None)
     if rule is None:
         raise UsageError(f"--explain {selector!r}: no such rule; codes: {', '.join(sorted(REGISTRY))}")
-    head = (f"{rule.code} {rule.name} ({rule.severity.value}): {rule.title}\n"
-            f"source: {rule.source}\nfix: {rule.fix}\n")
-    page = DOCS / f"{rule.code}.md"
-    if page.is_file():
-        return head + "\n" + page.read_text(encoding="utf-8")
-    return head + f"(page {rule.doc} is not installed with the package)\n"
+    return render(rule)

@@ -163,10 +163,6 @@ def _readings(scale: float | None) -> list[tuple[str, str, float]]:
     pairs = [("attn", "mlp"), ("post_attn", "post_mlp"), ("attn", "post_mlp"), ("post_attn", "mlp")]
     return [(a, m, c) for c in ((1.0, scale) if scale else (1.0,)) for a, m in pairs]
 
-def _max_stream(streams: dict[str, torch.Tensor]) -> int:
-    return max((names.stream_of(n) or 0) for n in streams)
-
-
 def record_pass(model: torch.nn.Module, input_ids: Any, rec: Any, aux_streams: Sequence[int] = (), *,
                 cache: Any = None, streams: bool = False, request_ids: Sequence[int] | None = None) -> Any:
     """Record one forward pass the way a serving runtime runs it: a prefill chunk or a decode

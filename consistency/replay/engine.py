@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from consistency.contract.codes import C
 from consistency.contract.fixes import replay_fix
 from consistency.errors import InputError, UsageError
 from consistency.replay.chain import run_chain
@@ -108,7 +109,7 @@ def run_replay(draft: str | Path, target: str | Any | None, reference: str | Pat
                        scored_on=scored_on)
     fx = replay_fix(ref.claimed, cand.claimed, cand.meta)  # the aux-id edit, when the streams claimed differ
     if fx is not None:
-        rep.findings = [f.model_copy(update={"autofix": fx, "fix": fx.summary}) if f.code == "ACCEPTANCE_DROP" else f
+        rep.findings = [f.model_copy(update={"autofix": fx, "fix": fx.summary}) if f.code == C.ACCEPTANCE_DROP else f
                         for f in rep.findings]
     if where:
         rep.notes.insert(0, where)

@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from consistency.contract.codes import C
 from consistency import __version__
 from consistency.contract.findings import Finding, verdict_of
 from consistency.replay.load import LoadedDraft
@@ -104,12 +105,12 @@ def inconclusive(ref: Side, cand: Side, rs: Scored, cs: Scored, vocab: int) -> F
     of that count): a drop from chance is no evidence."""
     for side, sc in ((ref, rs), (cand, cs)):
         if sc.scored == 0:
-            return Finding.make("REPLAY_INCONCLUSIVE", f"{side.path.name}: no drafted position has a verifiable chain "
+            return Finding.make(C.REPLAY_INCONCLUSIVE, f"{side.path.name}: no drafted position has a verifiable chain "
                                 f"({len(side.ids)} tokens), so nothing was scored", tensor=str(side.path))
     wide = rs.anchor_mean or rs
     hits, expected = round(wide.top1 * wide.scored), wide.scored / max(1, vocab)
     if hits <= expected + 3 * math.sqrt(expected):
-        return Finding.make("REPLAY_INCONCLUSIVE", f"the draft scores at chance on the reference: {hits} step-1 hits "
+        return Finding.make(C.REPLAY_INCONCLUSIVE, f"the draft scores at chance on the reference: {hits} step-1 hits "
                             f"in {wide.scored} positions, where guessing over its {vocab}-token vocabulary gets "
                             f"{expected:.1f}; a drop from there says nothing", tensor=str(ref.path))
     return None
@@ -252,7 +253,7 @@ def build_report(d: LoadedDraft | Any, tname: str | None, ref: Side, cand: Side,
     summary_of_draft = draft_summary or summarize_draft(d)
     unscored = inconclusive(ref, cand, rs, cs, summary_of_draft.draft_vocab_size)
     if same_input(ref.path, cand.path):
-        unscored = Finding.make("SAME_INPUT", f"the reference and the candidate are the same input ({ref.path.name} and "
+        unscored = Finding.make(C.SAME_INPUT, f"the reference and the candidate are the same input ({ref.path.name} and "
                                 f"{cand.path.name}): the draft scores the same on both, so nothing was verified")
     if unscored:
         findings.append(unscored)
@@ -260,28 +261,28 @@ def build_report(d: LoadedDraft | Any, tname: str | None, ref: Side, cand: Side,
         pass  # nothing the drop says is evidence: no OK, no ACCEPTANCE_DROP
     elif worst > max_drop:
         findings.append(Finding.make(
-            "ACCEPTANCE_DROP", f"replayed on the candidate, the draft loses {worst:.1f} points (limit {max_drop:g}): {line}",
+            C.ACCEPTANCE_DROP, f"replayed on the candidate, the draft loses {worst:.1f} points (limit {max_drop:g}): {line}",
             metrics=drop.model_dump()))
     else:
-        findings.append(Finding.make("OK", f"the candidate {_loses(worst)}, within the limit of {max_drop:g} points: "
+        findings.append(Finding.make(C.OK, f"the candidate {_loses(worst)}, within the limit of {max_drop:g} points: "
                                      f"{line}", metrics=drop.model_dump()))
     if min_acceptance is not None and cs.rate < min_acceptance:
         findings.append(Finding.make(
-            "ACCEPTANCE_LOW", f"predicted acceptance on the candidate is {100 * cs.rate:.1f}%, below the required "
+            C.ACCEPTANCE_LOW, f"predicted acceptance on the candidate is {100 * cs.rate:.1f}%, below the required "
             f"{100 * min_acceptance:.1f}% (accept length {cs.length:.2f}, K={k})", tensor=str(cand.path)))
     if rs.top1 < WEAK_TOP1:
         findings.append(Finding.make(
-            "DRAFT_WEAK", f"the draft's top-1 accuracy on the reference is only {100 * rs.top1:.1f}%",
+            C.DRAFT_WEAK, f"the draft's top-1 accuracy on the reference is only {100 * rs.top1:.1f}%",
             tensor=str(ref.path)))
     for s in (ref, cand):
         if feed == "own" and s.greedy_agreement is not None and s.greedy_agreement < GREEDY_EXACT and k > 1:
             findings.append(Finding.make(
-                "REPLAY_ESTIMATE", f"{s.path.name}: {100 * s.greedy_agreement:.0f}% of recorded next tokens are the "
+                C.REPLAY_ESTIMATE, f"{s.path.name}: {100 * s.greedy_agreement:.0f}% of recorded next tokens are the "
                 f"target's own; steps 2..{k} are scored against the target's choice after the recorded tokens",
                 tensor=str(s.path)))
     verdict = verdict_of(findings)
     if unscored:
-        summary = f"inconclusive: {unscored.message}" if unscored.code != "SAME_INPUT" else unscored.message
+        summary = f"inconclusive: {unscored.message}" if unscored.code != C.SAME_INPUT else unscored.message
     elif worst > max_drop:
         summary = f"candidate loses {worst:.1f} points: {line}"
     elif verdict == "fail":

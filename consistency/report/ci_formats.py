@@ -21,6 +21,7 @@ from typing import Any
 
 from consistency import escape as esc
 from consistency.dump.atomic import MD_TRAILER
+from consistency.report.links import published
 
 _SAFE_URL = re.compile(r"(https://[A-Za-z0-9./#_-]+|docs/[A-Za-z0-9./#_-]+)")
 _ICON = {"pass": "✅", "fail": "❌", "error": "⛔", "skipped": "⏭️"}
@@ -47,7 +48,7 @@ def junit_xml(report: dict[str, Any]) -> str:
                     attrs["line"] = str(c["line"])
             tc = ET.SubElement(suite, "testcase", **attrs)
             body = esc.xml(c.get("message", "") + (f"\nfix: {c['fix']}" if c.get("fix") else "") + (
-                f"\nsee: {c['doc']}" if c.get("doc") else ""))
+                f"\nsee: {published(str(c['doc'])) or c['doc']}" if c.get("doc") else ""))
             first = esc.xml((c.get("message") or "").split("\n", 1)[0])
             if c["status"] == "failed":
                 ET.SubElement(tc, "failure", message=first, type=esc.xml(c.get("code") or "failure")).text = body
@@ -134,7 +135,7 @@ def markdown_summary(report: dict[str, Any]) -> str:
             if c.get("fix"):
                 lines.append(f"  - fix: {_cell(c['fix'])}")
             if c.get("doc"):
-                doc = str(c["doc"])
+                doc = published(str(c["doc"])) or str(c["doc"])  # absolute: the user's repository has no docs/
                 lines.append(f"  - see [{doc}]({doc})" if _SAFE_URL.fullmatch(doc) else f"  - see {_cell(doc)}")
         if chk["kind"] == "lint":
             lines += _fix_section(rep)

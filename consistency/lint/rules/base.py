@@ -1,8 +1,10 @@
-"""A lint rule: data (code, severity, one-line title, source, fix) plus one small check.
+"""A lint rule: one row of data (code, severity, one-line title, source, fix, the drafts it
+applies to) plus one small check.
 
 Codes are stable and grouped by prefix, so ``--select IDS`` picks every layer-id rule the
-way ruff's selectors do. Each rule has a page ``docs/rules/<CODE>.md`` with its source,
-its fix and an example, and a failing and a passing test (tests/test_lint_rules.py).
+way ruff's selectors do. Each rule's page ``docs/rules/<CODE>.md`` is generated from its row
+and its hand-written why and example (lint/rules_doc.py, lint/pages/<CODE>.md), and it has a
+failing and a passing test (tests/test_lint_rules.py).
 """
 
 from __future__ import annotations
@@ -16,6 +18,10 @@ from consistency.contract.findings import Severity
 from consistency.lint.context import Context
 
 E, W, I = Severity.error, Severity.warning, Severity.info  # noqa: E741
+# What kind of draft a rule concerns. EAGLE3: the aux streams, fc, vocabulary map and norm flags
+# of a draft fed several target streams; for a draft that reads one last state (MTP, EAGLE-1,
+# Medusa) such a rule is "not applicable", never passed (lint/engine.py not_applicable).
+ANY, EAGLE3 = "any draft", "aux-stream drafts (EAGLE-3)"
 
 
 @dataclass
@@ -39,17 +45,18 @@ class Rule:
     source: str  # upstream path / PR the rule rests on
     fix: str
     check: Callable[[Context], Iterable[Hit]]
+    applies_to: str = ANY
 
     @property
     def doc(self) -> str:
         return f"docs/rules/{self.code}.md"
 
 
-def rule(code: str, name: str, severity: Severity, title: str, source: str, fix: str) -> Callable[
-        [Callable[[Context], Iterable[Hit]]], Rule]:
-    """Decorator: turn a check function into a :class:`Rule` (the function stays testable)."""
+def rule(code: str, name: str, severity: Severity, title: str, source: str, fix: str, applies_to: str = ANY) -> \
+        Callable[[Callable[[Context], Iterable[Hit]]], Rule]:
+    """Decorator: turn a check function into a :class:`Rule`, the rule's one row (the function stays testable)."""
     def wrap(fn: Callable[[Context], Iterable[Hit]]) -> Rule:
-        return Rule(code, name, severity, title, source, fix, fn)
+        return Rule(code, name, severity, title, source, fix, fn, applies_to)
     return wrap
 
 

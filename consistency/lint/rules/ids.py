@@ -9,16 +9,14 @@ from consistency.contract.resolve import streams_of
 from consistency.contract.runtime_model import id_source
 from consistency.lint.context import Context, NotEvaluated
 from consistency.lint.plan import ID_KEYS
-from consistency.lint.rules.base import E, W, Hit, fmt_streams, rule
+from consistency.lint.rules.base import EAGLE3, E, W, Hit, fmt_streams, rule
 from consistency.lint.trained import from_draft
-
-_PR = "conventions.md 'who means what by layer id'"
 
 
 @rule("IDS001", "ids-default-fallback", W, "no aux ids where the serving runtime reads them: it uses its default",
       "sglang spec_aux_hidden_state.py _resolve_eagle_aux_hidden_state (nested key only); vllm eagle3_utils.py "
       "(V2: top level only); vLLM PR #50170 (fallback gave 1.2% acceptance instead of 58.9%)",
-      "write the ids the draft was trained on under the key the runtime reads, in its convention")
+      "write the ids the draft was trained on under the key the runtime reads, in its convention", applies_to=EAGLE3)
 def default_fallback(ctx: Context) -> Iterator[Hit]:
     plan = ctx.need_plan()
     ctx.need_config()  # the rule needs the draft config (its absence is "not evaluated")
@@ -38,7 +36,8 @@ def default_fallback(ctx: Context) -> Iterator[Hit]:
 
 @rule("IDS002", "ids-stream-mismatch", E, "the server feeds other streams than training used, slot by slot",
       "seed story (trained on streams [0, 3, 31], served [3, 31, 59]); sglang PR #25454; vllm PR #43671",
-      "write the training streams in the serving runtime's convention (the finding names the ids), or retrain")
+      "write the training streams in the serving runtime's convention (the finding names the ids), or retrain",
+      applies_to=EAGLE3)
 def stream_mismatch(ctx: Context) -> Iterator[Hit]:
     plan = ctx.need_plan()
     if plan.unknown:
@@ -114,7 +113,8 @@ def _uncapturable(ctx: Context, streams: list[int]) -> str:
 @rule("IDS003", "ids-out-of-range", E, "an id gives a stream outside 0..N, or one the runtime version cannot capture",
       "sglang models/llama.py (residual None at layer 0; no capture after the last layer), deepseek_v2.py "
       "AuxHiddenStatePacker (0.5.17+); vllm EagleModelMixin (PR #36063), deepseek_v2.py (PR #46973)",
-      "use ids whose streams lie in 0..N and that the runtime version captures; upgrade the runtime for stream 0/N")
+      "use ids whose streams lie in 0..N and that the runtime version captures; upgrade the runtime for stream 0/N",
+      applies_to=EAGLE3)
 def out_of_range(ctx: Context) -> Iterator[Hit]:
     if ctx.runtime is None and ctx.draft is not None and ctx.draft.config:
         yield from _out_of_range_any(ctx, ctx.need_n())
@@ -158,7 +158,7 @@ def _present(ctx: Context) -> list[tuple[str, list[int]]]:
 @rule("IDS004", "ids-duplicate", E, "an id list repeats an id: capture merges it, the draft gets fewer slots",
       "sglang models/*.py (`if i in layers_to_capture`); vllm interfaces.py (`tuple(sorted(set(layers)))`); "
       "speculators models/utils.py resolve_target_layer_ids (rejects duplicates)",
-      "list each layer once; the fc width must equal (number of distinct ids) x target hidden size")
+      "list each layer once; the fc width must equal (number of distinct ids) x target hidden size", applies_to=EAGLE3)
 def duplicate(ctx: Context) -> Iterator[Hit]:
     for key, ids in _present(ctx):
         dup = sorted({j for j in ids if ids.count(j) > 1})
@@ -169,7 +169,7 @@ def duplicate(ctx: Context) -> Iterator[Hit]:
 
 @rule("IDS005", "ids-unsorted", W, "ids are not ascending: servers fill slots in layer order, not list order",
       "sglang models/llama.py (capture inside the layer loop); vllm interfaces.py EagleModelMixin (sorted ids)",
-      "list ids in ascending order, and train with the slots in that order")
+      "list ids in ascending order, and train with the slots in that order", applies_to=EAGLE3)
 def unsorted(ctx: Context) -> Iterator[Hit]:
     for key, ids in _present(ctx):
         if list(ids) != sorted(ids):
@@ -179,7 +179,7 @@ def unsorted(ctx: Context) -> Iterator[Hit]:
 
 @rule("IDS006", "ids-conflict", W, "the config carries two id lists that mean different streams",
       "sglang reads eagle_config.eagle_aux_hidden_state_layer_ids only; vllm reads the top-level key first",
-      "keep one list, or make both spell the same streams in their runtime's convention")
+      "keep one list, or make both spell the same streams in their runtime's convention", applies_to=EAGLE3)
 def conflict(ctx: Context) -> Iterator[Hit]:
     d = ctx.need_config()
     top, nested = d.ids(cv.TOP_IDS), d.ids(cv.NESTED_IDS)
@@ -195,7 +195,8 @@ def conflict(ctx: Context) -> Iterator[Hit]:
 @rule("IDS007", "ids-version-dependent", W, "the streams fed depend on a runtime version or target not pinned",
       "sglang PR #25454 (0.5.13, deepseek_v2/glm4_moe_lite), PR #32334 (0.5.17, gpt_oss); vllm runners V1/V2 "
       "(PR #44443, #53183)",
-      "pin --runtime NAME@VERSION (and pass --target) so the linter checks the rule your server applies")
+      "pin --runtime NAME@VERSION (and pass --target) so the linter checks the rule your server applies",
+      applies_to=EAGLE3)
 def version_dependent(ctx: Context) -> Iterator[Hit]:
     ctx.need_plan()
     ctx.need_config()
@@ -207,7 +208,8 @@ def version_dependent(ctx: Context) -> Iterator[Hit]:
 @rule("IDS008", "ids-foreign-spelling", W, "the server feeds the default streams shifted by one layer: ids were "
       "written in another runtime's convention", "speculators convert/eagle/eagle3_converter.py (copies ids "
       "verbatim); SpecForge/ModelOpt write layer outputs [1, N//2-1, N-4]; vllm PR #43671",
-      "rewrite the ids in the serving runtime's convention (stream ids for vLLM/speculators, layer outputs for SGLang)")
+      "rewrite the ids in the serving runtime's convention (stream ids for vLLM/speculators, layer outputs for SGLang)",
+      applies_to=EAGLE3)
 def foreign_spelling(ctx: Context) -> Iterator[Hit]:
     plan, n = ctx.need_plan(), ctx.need_n()
     if plan.native_ids is None or plan.config_order is None:
@@ -224,7 +226,7 @@ def foreign_spelling(ctx: Context) -> Iterator[Hit]:
 
 @rule("IDS009", "ids-capture-disabled", E, "eagle_config.use_aux_hidden_state is false: no aux states are captured",
       "sglang model_runner.py (eagle_use_aux_hidden_state); vllm models/llama_eagle3.py use_aux_hidden_state",
-      "remove use_aux_hidden_state: false from an EAGLE-3 draft's eagle_config")
+      "remove use_aux_hidden_state: false from an EAGLE-3 draft's eagle_config", applies_to=EAGLE3)
 def capture_disabled(ctx: Context) -> Iterator[Hit]:
     d = ctx.need_config()
     if d.use_aux_hidden_state is False and d.is_eagle3 is not False:
@@ -235,7 +237,7 @@ def capture_disabled(ctx: Context) -> Iterator[Hit]:
 @rule("IDS010", "ids-config-vs-training", W, "the draft config's own ids do not mean the streams training used",
       "speculators scripts/launch_vllm.py vs --target-layer-ids (not cross-checked); SpecForge run-config "
       "model.aux_hidden_state_layer_ids overrides the draft config",
-      "write into the draft config the ids training used, in the training framework's convention")
+      "write into the draft config the ids training used, in the training framework's convention", applies_to=EAGLE3)
 def config_vs_training(ctx: Context) -> Iterator[Hit]:
     d, tr = ctx.need_config(), ctx.need_training()
     if not tr.explicit:
@@ -263,7 +265,7 @@ def config_vs_training(ctx: Context) -> Iterator[Hit]:
       "SpecForge pyproject.toml (sglang pins 0.5.6, 0.5.9, 0.5.14); sglang PR #25454 (0.5.13: DeepSeek/Kimi ids "
       "used as they are unless the first is 1); sglang wheels' METADATA (transformers pin per release)",
       "pass --trained-with specforge@sglang-VER:IDS with the SGLang release your training ran, or record a training "
-      "dump and pass it")
+      "dump and pass it", applies_to=EAGLE3)
 def training_version_dependent(ctx: Context) -> Iterator[Hit]:
     tr = ctx.need_training()
     if not tr.ambiguous:

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from consistency.contract.versions import VersionRange
 from consistency.lint.configs import bool_at
 from consistency.lint.context import Context
-from consistency.lint.rules.base import E, W, Hit, rule
+from consistency.lint.rules.base import EAGLE3, E, W, Hit, rule
 
 # flag -> runtime -> [(min_version, max_version, keys read)] (first matching range wins)
 READS: dict[str, dict[str, list[tuple[tuple[int, ...] | None, tuple[int, ...] | None, tuple[str, ...]]]]] = {
@@ -53,7 +53,8 @@ def _effective(ctx: Context, flag: str, names: tuple[str, ...]) -> tuple[bool, s
       "sglang llama_eagle3.py (never reads it: residual = pre-norm fc output); vllm transformers_utils/configs/"
       "speculators/algos.py update_eagle3 (defaults it to True when a speculators config omits it); speculators "
       "Eagle3SpeculatorConfig (default False)",
-      "serve a norm_before_residual=true draft on vLLM only, and write the key explicitly in speculators configs")
+      "serve a norm_before_residual=true draft on vLLM only, and write the key explicitly in speculators configs",
+      applies_to=EAGLE3)
 def norm_before_residual(ctx: Context) -> Iterator[Hit]:
     d, runtime = ctx.need_config(), ctx.need_runtime()
     value, where = d.flag("norm_before_residual")
@@ -80,7 +81,7 @@ def norm_before_residual(ctx: Context) -> Iterator[Hit]:
       "sglang llama_eagle3.py (0.5.17+, PR #32334: eagle_config first, then top level); vllm llama_eagle3.py "
       "(0.18-0.21 top level only, 0.22+ eagle_config first; PRs #38111, #42143)",
       "serve on a runtime version that reads the flag where the config sets it (or move it), and keep "
-      "input_norm.weight and the flag together")
+      "input_norm.weight and the flag together", applies_to=EAGLE3)
 def norm_before_fc(ctx: Context) -> Iterator[Hit]:
     yield from _norm_flag(ctx, "norm_before_fc", ("norm_before_fc",), ("input_norm.",), ())
 
@@ -88,7 +89,7 @@ def norm_before_fc(ctx: Context) -> Iterator[Hit]:
 @rule("NRM003", "fc-norm", E, "fc_norm (per-slot norms before the fc) is not honoured, or its weights are dropped",
       "sglang llama_eagle3.py (top-level fc_norm or legacy use_aux_norm; maps aux_norm_* to fc_norm.*); vllm "
       "llama_eagle3.py (0.22+: top-level fc_norm only, no use_aux_norm, no aux_norm_* renaming)",
-      "set top-level fc_norm: true and name the weights fc_norm.{i}.weight")
+      "set top-level fc_norm: true and name the weights fc_norm.{i}.weight", applies_to=EAGLE3)
 def fc_norm(ctx: Context) -> Iterator[Hit]:
     yield from _norm_flag(ctx, "fc_norm", ("fc_norm", "use_aux_norm"), ("fc_norm.", "aux_norm_"),
                           ("aux_norm_",) if ctx.runtime == "vllm" else ())
@@ -133,7 +134,7 @@ _FIX_FALSE = ("if a SpecForge from before PR #879 (SpecForge 0.2.0 included) tra
       "default True, specforge-0.2.0 modeling/draft/llama3_eagle.py); sglang and vllm llama_eagle3.py read "
       "top-level norm_output (default False: next step gets the pre-norm state)",
       "keep norm_output at the top level; for a SpecForge export, check which SpecForge trained it (the finding's "
-      "fix says what each value needs)")
+      "fix says what each value needs)", applies_to=EAGLE3)
 def norm_output(ctx: Context) -> Iterator[Hit]:
     d = ctx.need_config()
     value, where = d.flag("norm_output")

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from consistency.lint.context import Context, NotEvaluated
-from consistency.lint.rules.base import E, I, W, Hit, rule
+from consistency.lint.rules.base import EAGLE3, E, I, W, Hit, rule
 
 _PP_SRC = ("sglang python/sglang/srt/models/llama.py, qwen3_moe.py, deepseek_v2.py, glm4_moe_lite.py "
            "set_eagle3_layers_to_capture (`if not self.pp_group.is_last_rank: return`, 0.5.23); layer split "
@@ -31,7 +31,7 @@ def pp_partition(num_layers: int, pp: int) -> list[int]:
 @rule("SRV007", "pipeline-aux-missing", E, "pipeline parallelism: aux layers held by stages before the last are "
       "never captured", _PP_SRC,
       "serve the target without pipeline parallelism (tensor parallelism instead), or move every aux layer onto "
-      "the last stage with SGLANG_PP_LAYER_PARTITION / VLLM_PP_LAYER_PARTITION")
+      "the last stage with SGLANG_PP_LAYER_PARTITION / VLLM_PP_LAYER_PARTITION", applies_to=EAGLE3)
 def pipeline(ctx: Context) -> Iterator[Hit]:
     s = ctx.need_serve()
     pp = s.pp or 1

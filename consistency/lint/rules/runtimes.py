@@ -18,7 +18,7 @@ from consistency.contract.ids import APPENDING
 from consistency.contract.models import Consumer
 from consistency.lint.context import Context, NotEvaluated
 from consistency.lint.plan import ID_KEYS
-from consistency.lint.rules.base import E, W, Hit, fmt_streams, rule
+from consistency.lint.rules.base import EAGLE3, E, W, Hit, fmt_streams, rule
 
 _KIND_METHOD = {Consumer.mtp: M.MTP, Consumer.eagle1: M.EAGLE, Consumer.eagle3_aux: M.EAGLE3,
                 Consumer.medusa: M.MEDUSA, Consumer.dflash: M.DFLASH, Consumer.p_eagle: M.PEAGLE}
@@ -55,7 +55,8 @@ def draft_slots(ctx: Context) -> tuple[int, str] | None:
       "EAGLE-3 fc: Linear(n * H_target, H_draft) in sglang llama_eagle3.py, vllm llama_eagle3.py, speculators "
       "models/eagle3/core.py (n = len(eagle_aux_hidden_state_layer_ids)); speculators train/data.py drops the "
       "appended verifier state (hidden_states[:, :-1])",
-      "give --trained-with the ids training really used (one per slot), or fix the draft's ids / fc to that count")
+      "give --trained-with the ids training really used (one per slot), or fix the draft's ids / fc to that count",
+      applies_to=EAGLE3)
 def slot_count(ctx: Context) -> Iterator[Hit]:
     tr = ctx.need_training()
     if not tr.explicit:
@@ -82,7 +83,8 @@ def slot_count(ctx: Context) -> Iterator[Hit]:
       "(or some) runtime and release would feed",
       "the id tables of contract/conventions.py (every runtime, release and model-file family); seed story "
       "(trained on streams [0, 3, 31], served [3, 31, 59])",
-      "write the training streams in the convention of the runtime you serve with, and pin it with --runtime")
+      "write the training streams in the convention of the runtime you serve with, and pin it with --runtime",
+      applies_to=EAGLE3)
 def every_runtime(ctx: Context) -> Iterator[Hit]:
     if ctx.runtime is not None:
         return  # IDS002 compares against the named runtime

@@ -8,7 +8,7 @@ from pathlib import Path
 from consistency.contract.models import Consumer
 from consistency.lint.context import Context, NotEvaluated
 from consistency.lint.kind import VLLM_MTP_METHODS
-from consistency.lint.rules.base import E, I, W, Hit, rule
+from consistency.lint.rules.base import EAGLE3, E, I, W, Hit, rule
 
 _EAGLE_FAMILY = ("EAGLE", "EAGLE3", "STANDALONE")
 # vLLM methods that need no "model" (vllm config/speculative.py SpeculativeConfig.__post_init__, model None with
@@ -84,7 +84,7 @@ def spec_args(ctx: Context) -> Iterator[Hit]:
       "sglang model_runner.py (aux capture only when spec_algorithm.is_eagle3()); vllm config/speculative.py "
       "(method inferred from the path when omitted: 'eagle3', 'eagle-', else draft_model); vllm "
       "transformers_utils/config.py maybe_override_with_speculators (a speculators dir as the model turns EAGLE-3 on)",
-      "SGLang: --speculative-algorithm EAGLE3; vLLM: \"method\": \"eagle3\" in --speculative-config")
+      "SGLang: --speculative-algorithm EAGLE3; vLLM: \"method\": \"eagle3\" in --speculative-config", applies_to=EAGLE3)
 def algorithm(ctx: Context) -> Iterator[Hit]:
     s, r = ctx.need_serve(), ctx.requested
     if r.broken:  # the flags run no kind of draft on these files: never a pass, with or without --draft
@@ -144,7 +144,8 @@ def draft_format(ctx: Context) -> Iterator[Hit]:
 @rule("SRV005", "embed-replaced", W, "a trained draft embedding is replaced by the target's on SGLang",
       "sglang speculative/eagle_worker_v2.py init_lm_head (set_embed unless target_hidden_size != hidden_size); "
       "speculators embed_requires_grad",
-      "serve on vLLM (keeps the draft's embed_tokens), or train with a frozen embedding (embed_requires_grad false)")
+      "serve on vLLM (keeps the draft's embed_tokens), or train with a frozen embedding (embed_requires_grad false)",
+      applies_to=EAGLE3)
 def embed_replaced(ctx: Context) -> Iterator[Hit]:
     d, runtime = ctx.need_config(), ctx.need_runtime()
     if runtime != "sglang" or d.config.get("embed_requires_grad") is not True:

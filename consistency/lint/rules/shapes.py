@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from consistency.contract import conventions as cv
 from consistency.contract.models import Consumer
 from consistency.lint.context import Context, NotEvaluated
-from consistency.lint.rules.base import E, Hit, rule
+from consistency.lint.rules.base import EAGLE3, E, Hit, rule
 
 
 def _target_hidden(ctx: Context) -> tuple[int, str]:
@@ -29,7 +29,8 @@ def _fc(ctx: Context) -> tuple[int, int]:
 
 @rule("SHP001", "fc-width", E, "fc input width is not (slots fed) x (target hidden size)",
       "EAGLE-3 fc: Linear(n * H_target, H_draft) in sglang llama_eagle3.py, vllm llama_eagle3.py, speculators core.py",
-      "feed as many aux states as the fc was trained on (the id count), or retrain the fc for the new count")
+      "feed as many aux states as the fc was trained on (the id count), or retrain the fc for the new count",
+      applies_to=EAGLE3)
 def fc_width(ctx: Context) -> Iterator[Hit]:
     _out, width = _fc(ctx)
     h, what = _target_hidden(ctx)
@@ -123,7 +124,7 @@ def vocab_size(ctx: Context) -> Iterator[Hit]:
 @rule("SHP004", "aux-count", E, "the server sizes the fc for another number of aux states than the checkpoint has",
       "sglang llama_eagle3.py / vllm llama_eagle3.py: num_aux = num_aux_hidden_states > len(eagle_config ids) > 3 "
       "(top-level ids ignored; vLLM PR #54598, open)",
-      "set num_aux_hidden_states (or eagle_config ids of that length) to the fc's slot count")
+      "set num_aux_hidden_states (or eagle_config ids of that length) to the fc's slot count", applies_to=EAGLE3)
 def aux_count(ctx: Context) -> Iterator[Hit]:
     plan = ctx.need_plan()
     d = ctx.need_config()

@@ -8,7 +8,7 @@ import numpy as np
 
 from consistency.lint.context import Context, NotEvaluated
 from consistency.lint.draft import Checkpoint, DraftInfo
-from consistency.lint.rules.base import E, W, Hit, rule
+from consistency.lint.rules.base import EAGLE3, E, W, Hit, rule
 
 _OFFSETS = "target id = i + d2t[i] (sglang llama_eagle3.py hot_token_id; vllm llama_eagle3.py compute_logits)"
 
@@ -39,7 +39,8 @@ def _d2t(ck: Checkpoint) -> np.ndarray | None:
 @rule("VOC001", "d2t-missing", E, "the draft vocabulary is smaller than the target's but there is no d2t",
       "sglang eagle_worker_v2.py (no d2t: hot_token_id None, draft ids used as target ids); vllm llama_eagle3.py "
       "(zero-initialised offsets); NeMo Automodel PR #2447",
-      "save the d2t offsets the draft was trained with (SpecForge vocab_mapping.pt, speculators d2t buffer)")
+      "save the d2t offsets the draft was trained with (SpecForge vocab_mapping.pt, speculators d2t buffer)",
+      applies_to=EAGLE3)
 def d2t_missing(ctx: Context) -> Iterator[Hit]:
     _d, ck, vt, vd = _sizes(ctx)
     if vd < vt and ck.find("d2t") is None:
@@ -49,7 +50,7 @@ def d2t_missing(ctx: Context) -> Iterator[Hit]:
 
 @rule("VOC002", "d2t-identity", E, "d2t is all zeros (the identity) while the draft vocabulary is smaller",
       "SpecForge/speculators initialise d2t to zeros before the vocab mapping is loaded; NeMo Automodel PR #2447",
-      "write the trained offsets (d2t[i] = target_id(i) - i) into the checkpoint")
+      "write the trained offsets (d2t[i] = target_id(i) - i) into the checkpoint", applies_to=EAGLE3)
 def d2t_identity(ctx: Context) -> Iterator[Hit]:
     _d, ck, vt, vd = _sizes(ctx)
     v = _d2t(ck)
@@ -63,7 +64,7 @@ def d2t_identity(ctx: Context) -> Iterator[Hit]:
 @rule("VOC003", "d2t-absolute", E,
       "i + d2t[i] leaves the target vocabulary or repeats: d2t holds absolute ids or is corrupt",
       _OFFSETS + "; verl-SpeCo PR #67 (arange-based d2t double-counted)",
-      "store offsets, d2t[i] = target_id(i) - i, with distinct target ids")
+      "store offsets, d2t[i] = target_id(i) - i, with distinct target ids", applies_to=EAGLE3)
 def d2t_absolute(ctx: Context) -> Iterator[Hit]:
     _d, ck, vt, _vd = _sizes(ctx)
     v = _d2t(ck)
@@ -89,7 +90,8 @@ def d2t_absolute(ctx: Context) -> Iterator[Hit]:
 @rule("VOC004", "t2d-count", E, "t2d does not mark exactly draft-vocab many of the target's tokens",
       "speculators model.py load_vocab_mappings (t2d.sum() == draft_vocab_size, len == target vocab); SpecForge "
       "initialises t2d to all True",
-      "save the trained t2d mask: a boolean over the target vocabulary with draft_vocab_size True entries")
+      "save the trained t2d mask: a boolean over the target vocabulary with draft_vocab_size True entries",
+      applies_to=EAGLE3)
 def t2d_count(ctx: Context) -> Iterator[Hit]:
     _d, ck, vt, vd = _sizes(ctx)
     t = ck.find("t2d")
@@ -109,7 +111,8 @@ def t2d_count(ctx: Context) -> Iterator[Hit]:
 
 @rule("VOC005", "d2t-t2d-disagree", W, "d2t and t2d describe different draft vocabularies",
       "SpecForge data/preprocessing.py (d2t = used_tokens[i] - i, t2d = i in used_tokens)",
-      "regenerate both from the same token list (the server uses d2t; training used t2d to slice lm_head)")
+      "regenerate both from the same token list (the server uses d2t; training used t2d to slice lm_head)",
+      applies_to=EAGLE3)
 def d2t_t2d(ctx: Context) -> Iterator[Hit]:
     _d, ck, vt, _vd = _sizes(ctx)
     v, t = _d2t(ck), ck.read_small("t2d") if ck.find("t2d") is not None else None
