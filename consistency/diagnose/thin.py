@@ -12,6 +12,14 @@ stream", and a story needs a strong reading beside it. A slot far from s, or one
 both ways or neither, lies nowhere said: nothing is claimed. When every slot lies on the same side, the pattern is a layer offset
 whose size the reference cannot measure -- said as such, never as drift.
 
+Where that sided reading says nothing (real weights: a layer's move need not bring a stream
+closer to the next recorded one), the bounded reading measures each slot against the
+reference's own recorded slots, token by token: nearer the stream it should hold than any
+other recorded stream is to it, and moving along the model's own streams (|cos| of the move
+with the path to another recorded stream; unrelated noise reads ~0). Then the list is
+LAYER_OFFSET said as "consistent with, cannot be proven", with the streams recorded as its
+bound and no sign claimed from the values -- never UNKNOWN for it, never PASS.
+
 N (the model's top stream) comes from the metadata or a declaration, never from the
 highest stream a thin reference happens to record.
 """
@@ -20,6 +28,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 from consistency.compare.engine import Result
 from consistency.contract.codes import C
@@ -181,6 +191,13 @@ def _short(p: Position, top: int | None) -> str:
 
 def story(ev: Evidence, slots: Sequence[Result], unexplained: Sequence[bool], cand_side: str,
           ref_side: str) -> Story | None:
+    """The sided reading when it holds, else the bounded one (never UNKNOWN for a list that
+    every measured distance says is the model's own streams, never a cause it cannot prove)."""
+    return _sided(ev, slots, unexplained, cand_side, ref_side) or bounded(ev, slots, unexplained, cand_side, ref_side)
+
+
+def _sided(ev: Evidence, slots: Sequence[Result], unexplained: Sequence[bool], cand_side: str,
+           ref_side: str) -> Story | None:
     """Every slot unexplained and on the same side of the stream it should hold: a layer
     offset the thin reference cannot measure; on different sides: said once, no offset."""
     if len(slots) < 2 or not all(unexplained):
@@ -255,3 +272,94 @@ def mixed(ev: Evidence, slots: Sequence[Result], expected: Sequence[int | None],
                 f"it (the reference records streams {recorded(ev, slots[0])}{_only(ev)})")
     return Story(C.LAYER_OFFSET, sentence, {"offset": k, "expected": list(expected), "actual": list(got),
                                            "measured_slots": measured, "measured": True})
+
+
+STRUCTURED = 0.2  # |cos| of a slot's move with the path to another recorded stream; noise reads < 0.02
+
+
+@dataclass(frozen=True)
+class Reading:
+    """One slot measured against the streams the reference's own slots record, medians over
+    tokens (no assumed growth with depth: real weights break it, issue 36)."""
+
+    expected: int
+    moved: float  # |c - R_s| / |R_s|
+    nearest_other: tuple[int, float]  # the other recorded stream nearest R_s, and how far
+    cos: dict[int, float]  # cos(c - R_s, R_x - R_s) per other recorded stream x
+
+
+def _recorded_slots(ev: Evidence, slots: Sequence[Result]) -> dict[int, np.ndarray]:
+    """Stream -> rows of the reference slot holding it, from what the reference's slots are
+    (its values, claims or the declaration: the expectation each slot was paired under)."""
+    out: dict[int, np.ndarray] = {}
+    for r in slots:
+        s = r.expected_stream if not r.post_norm else None
+        x = ev.ref(r, r.expected) if s is not None and r.expected is not None else None
+        if s is not None and x is not None:
+            out[s] = np.asarray(x, np.float64)
+    return out
+
+
+def reading(ev: Evidence, r: Result, at: dict[int, np.ndarray]) -> Reading | None:
+    s = r.expected_stream if not r.post_norm else None
+    c = ev.cand(r)
+    if s is None or s not in at or c is None or len(at) < 2 or np.shape(c) != at[s].shape:
+        return None
+    # read token by token and take the median: a sink row 1e4 strong (SmolLM2's first token),
+    # or one a float8 file saturated at 448, must not be the whole reading
+    base = at[s]
+    size = np.maximum(np.linalg.norm(base, axis=-1), 1e-30)
+    move = np.asarray(c, np.float64) - base
+    nm = np.linalg.norm(move, axis=-1)
+    path = {x: v - base for x, v in at.items() if x != s}
+    pn = {x: np.linalg.norm(v, axis=-1) for x, v in path.items()}
+    if not nm.any() or any(not v.all() for v in pn.values()):
+        return None
+    moved = float(np.median(nm / size))
+    gaps = {x: float(np.median(v / size)) for x, v in pn.items()}
+    cos = {x: float(np.median((move * path[x]).sum(-1) / np.maximum(nm * pn[x], 1e-30))) for x in path}
+    near = min(gaps.items(), key=lambda kv: kv[1])
+    return Reading(s, moved, near, cos)
+
+
+def bounded(ev: Evidence, slots: Sequence[Result], unexplained: Sequence[bool], cand_side: str,
+            ref_side: str) -> Story | None:
+    """Every slot unexplained, each nearer the stream it should hold than any other stream the
+    reference records is to that one, and the moves follow the model's own streams (a slot's
+    move shares a direction with the path to another recorded stream, |cos| >= 0.2, where an
+    unrelated error reads ~0): consistent with a layer offset, said with its bound -- its
+    size and sign the reference cannot prove, so no direction is claimed from the values."""
+    if len(slots) < 2 or not all(unexplained):
+        return None
+    at = _recorded_slots(ev, slots)
+    rs = [reading(ev, r, at) for r in slots]
+    if any(x is None for x in rs):
+        return None
+    ok = [x for x in rs if x is not None and x.moved < x.nearest_other[1]]
+    if len(ok) != len(rs) or max(max(map(abs, x.cos.values())) for x in ok) < STRUCTURED:
+        return None
+    have = sorted(at)
+    said = "; ".join(_moved(r, x) for r, x in zip(slots, ok, strict=True))
+    claimed = ev.cmp.plan.cand.claimed_streams
+    expected = [x.expected for x in ok]
+    fits = claimed and len(claimed) == len(ok) and all(isinstance(c, int) for c in claimed)
+    ks = {c - e for c, e in zip(claimed, expected, strict=True)} if fits else set()
+    k = ks.pop() if len(ks) == 1 else None
+    which = (f"{k:+d}, as {cand_side}'s metadata claims (streams {list(claimed or ())}; a claim is compared, "
+             "never trusted)") if k else "an adjacent layer: +1 (the SGLang family) or -1"
+    sentence = (f"every slot differs from the stream {ref_side} used ({expected}) by a move along the model's own "
+                f"streams ({said}): consistent with a layer offset ({which}); cannot be proven: the reference "
+                f"records streams {have}{_only(ev)}, so neither the size nor the sign is measured; record every "
+                "stream on the reference side to prove it")
+    return Story(C.LAYER_OFFSET, sentence, {"measured": False, "proven": False, "expected": expected,
+                                           "recorded": have, "claimed_offset": k,
+                                           "moved": [round(x.moved, 4) for x in ok]})
+
+
+def _moved(r: Result, x: Reading) -> str:
+    """'slot 0 moved 0.12 from stream 2 (stream 6 lies 1.3 from it; the move's cos with the path
+    to stream 6 is +0.29)': the measured bound, slot by slot (medians over tokens)."""
+    far, d = x.nearest_other
+    best = max(x.cos, key=lambda k: abs(x.cos[k]))
+    return (f"slot {r.slot} moved {x.moved:.3g} from stream {x.expected} (stream {far} lies {d:.3g} from it; the "
+            f"move's cos with the path to stream {best} is {x.cos[best]:+.2f})")
