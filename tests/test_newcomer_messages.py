@@ -150,3 +150,33 @@ def test_a_bad_tolerance_names_the_rule_and_its_form(tmp: Path) -> None:
     a, b = _dumps(tmp)
     err = _one_line(run_cli("compare", a, b, "--tolerance", "aux=abc"))
     assert "'aux=abc'" in err and "REGEX=FLOOR" in err, err
+
+
+@pytest.mark.parametrize("prompt", ["", "   \n"])
+def test_an_empty_prompt_is_refused_and_writes_nothing(tmp: Path, prompt: str) -> None:
+    # a tokenizer still returns its BOS for "": a one-token dump would compare as PASS
+    out = tmp / "r.safetensors"
+    err = _one_line(run_cli("record", "--model", "tiny-llama", "--prompt", prompt, "-o", out))
+    assert "--prompt is empty" in err, err
+    assert not out.exists()
+
+
+def test_every_fix_text_names_only_options_a_command_has() -> None:
+    # a fix that names an option no command has sends the user to a click error (MISSING's
+    # fix once said "--only", which only the gate has)
+    import re
+
+    import click
+
+    from consistency.cli import COMMANDS, main
+    from consistency.contract.codes import ROWS
+
+    known: set[str] = set()
+    for name in COMMANDS:
+        cmd = main.get_command(click.Context(main), name)
+        for p in (cmd.params if cmd is not None else ()):
+            if isinstance(p, click.Option):
+                known.update(o for o in (*p.opts, *p.secondary_opts) if o.startswith("--"))
+    wrong = {(row.code, opt) for row in ROWS for opt in re.findall(r"(?<![\w-])--[a-z][a-z-]*[a-z]", row.fix)
+             if opt not in known}
+    assert not wrong, sorted(wrong)

@@ -172,6 +172,9 @@ def record(model_spec: str, gguf_file: str | None, prompt: str | None, ids_file:
     check_outputs([check_dump_name(output)], (model_spec, gguf_file, ids_file), force)
     if (prompt is None) == (ids_file is None):
         raise UsageError("give exactly one of --prompt and --input-ids")
+    if prompt is not None and not prompt.strip():
+        # a tokenizer still returns its BOS for "", and a one-token dump compares as PASS
+        raise UsageError("--prompt is empty: give the text to run (or --input-ids)")
     if dtype not in ("float32", "bfloat16", "float16", "float64"):
         raise UsageError(f"--dtype {dtype!r}: expected float32, bfloat16, float16 or float64")
     from consistency.contract.resolve import check_spec

@@ -110,7 +110,8 @@ ROWS: tuple[CodeSpec, ...] = (
     CodeSpec("NONFINITE", _E, "NaN or Inf values", "find the first layer that produces them; check overflow in fp16",
          source="torch.testing.assert_close (equal_nan=False)"),
     CodeSpec("MISSING", _E, "a tensor the reference (or contract) expects is absent from the candidate",
-         "record it, or compare only the names both sides have (--only)", source="docs/format.md: names",
+         "record it on the candidate side too, or, if it was never meant to be compared, leave it "
+         "out of the contract (--contract)", source="docs/format.md: names",
          unchecked=True),
     CodeSpec("EXTRA", _I, "the candidate has a tensor the reference lacks", "nothing, unless it was meant to be "
          "compared", source="docs/format.md: names"),
