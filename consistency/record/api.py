@@ -22,7 +22,7 @@ from consistency.record.recorder import Recorder, aux_info, model_info
 
 
 def num_layers(model: Any) -> int:
-    info = model_info(model.config)
+    info = model_info(model.config, model)
     if info.num_layers is None:
         raise UsageError("the model config does not say how many layers it has")
     return info.num_layers
@@ -30,7 +30,7 @@ def num_layers(model: Any) -> int:
 
 def resolve_streams(model: Any, ids: Sequence[int] | None, convention: str) -> tuple[list[int], str | None]:
     """Stream indices of ``ids`` under ``convention`` (runtime@version), plus any assumption made."""
-    arch = model_info(model.config).architecture
+    arch = model_info(model.config, model).architecture
     check_spec(convention, "--convention", arch)
     n = num_layers(model)
     res = streams_of(ids, convention, n, arch)
@@ -83,7 +83,7 @@ def record_reference(model: Any, input_ids: Any, path: str | Path, aux_streams: 
     streams, notes = capture_streams(model, ids, components=components, logits=logits)
     n = num_layers(model)
     meta = DumpMetadata(side=side, runtime=RuntimeInfo(name="transformers", version=_tf_version()),  # type: ignore[arg-type]
-                        model=model_info(model.config))
+                        model=model_info(model.config, model))
     rec = Recorder(path, meta, force=force, strict=True)  # our own captures: a refusal is a bug, said
     rec.capture(names.INPUT_IDS, ids[0] if ids.shape[0] == 1 else ids)
     for name in sorted(streams, key=names.sort_key):
@@ -121,7 +121,7 @@ def record_serving(model: Any, input_ids: Any, path: str | Path, streams: Sequen
     order = sorted(set(streams))  # the capture loop appends in layer order, once per layer
     name, _, version = runtime.partition("@")
     meta = DumpMetadata(side=side, runtime=RuntimeInfo(name=name, version=version or None),  # type: ignore[arg-type]
-                        model=model_info(model.config))
+                        model=model_info(model.config, model))
     meta.aux = aux_info(order, list(native_ids) if native_ids is not None else None, convention,
                         residual=Residual.delta.value if capture_mode == "clone" else Residual.stream.value)
     loop = FusedDecoder(model, order, capture_mode=capture_mode, record_components=components)

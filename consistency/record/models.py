@@ -6,7 +6,10 @@ tests run anywhere in seconds; local directories are loaded offline only.
 
 from __future__ import annotations
 
+import functools
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -83,9 +86,32 @@ def load_model(spec: str, dtype: str = "float32", seed: int = DEFAULT_SEED, gguf
     if gguf_file:
         kw["gguf_file"] = gguf_file
     try:
-        return AutoModelForCausalLM.from_pretrained(str(p), **kw).eval()
+        with _quiet_gguf(bool(gguf_file) and not sys.stderr.isatty()):
+            return AutoModelForCausalLM.from_pretrained(str(p), **kw).eval()
     except (OSError, ValueError, KeyError, TypeError, ImportError) as exc:
         raise load_error(p, exc, "model") from None
+
+
+@contextmanager
+def _quiet_gguf(quiet: bool) -> Iterator[None]:
+    """transformers' GGUF loader draws its own tqdm bar (not the one ``disable_progress_bar``
+    turns off): on a pipe it is hundreds of carriage-return frames in a CI log. Off for
+    this load only; the module attribute is put back."""
+    mod = None
+    if quiet:
+        try:
+            from transformers import modeling_gguf_pytorch_utils as mod  # type: ignore[no-redef]
+        except ImportError:  # gguf support absent: from_pretrained says so
+            mod = None
+    if mod is None or not hasattr(mod, "tqdm"):
+        yield
+        return
+    orig = mod.tqdm
+    mod.tqdm = functools.partial(orig, disable=True)
+    try:
+        yield
+    finally:
+        mod.tqdm = orig
 
 
 def tokenize(model: Any, spec: str, prompt: str) -> np.ndarray:

@@ -335,10 +335,14 @@ def recording(path: str | Path, **kw: Any) -> Iterator[Recorder]:
         yield rec
 
 
-def model_info(config: Any) -> ModelInfo:
-    """ModelInfo from a transformers config (text config of multimodal models)."""
+def model_info(config: Any, model: Any = None) -> ModelInfo:
+    """ModelInfo from a transformers config (text config of multimodal models). A config
+    loaded from a GGUF file names no ``architectures``; the loaded model's class does
+    (``LlamaForCausalLM``), and the runtimes' layer-id rules depend on it."""
     cfg = getattr(config, "text_config", None) or config
     arch = (getattr(config, "architectures", None) or [None])[0]
+    if arch is None and model is not None and getattr(model, "config", None) is config:
+        arch = type(model).__name__
     return ModelInfo(name=getattr(config, "_name_or_path", None) or None, architecture=arch,
                      num_layers=getattr(cfg, "num_hidden_layers", None) or getattr(cfg, "n_layer", None),
                      hidden_size=getattr(cfg, "hidden_size", None) or getattr(cfg, "n_embd", None),
