@@ -97,3 +97,50 @@ def test_the_early_capture_rows_hold_the_stream_one_layer_deeper():
                 req, pos = (rid + r // PROMPT, r % PROMPT) if step is None else (rid + r, PROMPT + step)
                 dist = {t: float(np.linalg.norm(x[r] - h[req, pos])) for t, h in hidden.items()}
                 assert min(dist, key=dist.get) == (s if step is None else s + 1), (k, slot, r, step)
+
+
+def _rows_of(case: str) -> int:
+    """How many compared rows per slot the planted cause reaches, from the construction."""
+    n = 0
+    for _k, _rid, real, bs, step in _passes():
+        if step is None:
+            continue
+        n += {"graph_early": real, "graph_noresid": real, "graph_swap": 2 if real >= 2 else 0,
+              "graph_padrow": 1 if real < bs else 0}[case]
+    return n
+
+
+# what `compare` must say of each real H200 dump against the training reference (every stream):
+# the cause named for exactly the rows it reaches; rows that hold nothing recorded stay BAD_TOKENS
+@pytest.mark.parametrize("case, code", [("graph_early", "LAYER_MISMATCH"), ("graph_noresid", "RESIDUAL_MISSING"),
+                                        ("graph_swap", "ROWS_SWAPPED"), ("graph_padrow", "BAD_TOKENS")])
+def test_compare_names_each_graph_only_cause_on_the_h200_dumps(case: str, code: str) -> None:
+    import consistency
+
+    rep = consistency.compare(DATA / "training.safetensors", DATA / f"{case}.safetensors")
+    assert rep.verdict == "fail"
+    by_slot = {f.tensor: f for f in rep.findings if f.tensor and f.tensor.startswith("aux.")
+               and f.severity.name == "error"}
+    assert sorted(by_slot) == [f"aux.{i}" for i in range(len(AUX))], [(f.code, f.tensor) for f in rep.findings]
+    for slot, f in by_slot.items():
+        assert f.code == code, (slot, f.code, f.message)
+        groups = f.evidence.get("row_groups")
+        if code == "BAD_TOKENS":  # a pad token's state is no recorded row: not dressed up as a norm or a stream
+            assert f.evidence["count"] == _rows_of(case) and not groups
+            continue
+        assert groups and sum(g["count"] for g in groups if g.get("cause") == code) == _rows_of(case)
+        assert all(g["phase"] == "decode" and g["graph"] == "loop.draft" for g in groups)
+        if code == "LAYER_MISMATCH":  # captured before the layers were set: the construction's early layers
+            assert groups[0]["holds_stream"] == META["early_layers"][int(slot[4:])]
+
+
+@pytest.mark.parametrize("ref", ["training", "eager"])
+def test_compare_never_passes_a_planted_graph_cause(ref: str) -> None:
+    import consistency
+
+    assert consistency.compare(DATA / f"{ref}.safetensors", DATA / "graph.safetensors").verdict == "pass"
+    for case, code in (("graph_stale", "STALE_ROWS"), ("graph_budget", "CAPTURES_DROPPED")):
+        rep = consistency.compare(DATA / f"{ref}.safetensors", DATA / f"{case}.safetensors")
+        assert rep.verdict == "fail" and code in {f.code for f in rep.findings}, (ref, case)
+    for case in ("graph_early", "graph_noresid", "graph_swap", "graph_padrow"):
+        assert consistency.compare(DATA / f"{ref}.safetensors", DATA / f"{case}.safetensors").verdict == "fail"

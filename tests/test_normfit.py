@@ -89,3 +89,22 @@ def test_the_per_row_rule_asks_for_each_of_its_conditions(seed: int) -> None:
     for other in (1.7 * normed, normed * (1 + 0.3 * rng.standard_normal(64))):
         assert not needs_the_norm(other, normed, FLOOR, after=0.0)
         assert not needs_the_norm(normed, other, FLOOR, after=0.0)
+
+
+def test_a_bias_fitted_to_near_constant_rows_is_no_norm() -> None:
+    """A padded batch's rows read for a real request (H200 graph_padrow): one pad token's
+    state, nearly the same row again and again. A LayerNorm with a fitted weight and bias
+    'fits' them by its bias alone (weight ~0); that is no evidence of a norm."""
+    from consistency.diagnose.normfit import norm_fit
+
+    rng = np.random.default_rng(3)
+    expected = rng.standard_normal((20, 64)) * rng.uniform(0.5, 3.0, (20, 1))  # real tokens' rows
+    pad = rng.standard_normal(64)
+    cand = pad + 1e-3 * rng.standard_normal((20, 64))  # the same pad row, 20 times
+    d, kind, _w = norm_fit(cand, expected)
+    assert kind != "LayerNorm (weight and bias)", (d, kind)
+    # a real LayerNorm with weight and bias over the same rows is still found
+    x = expected - expected.mean(1, keepdims=True)
+    ln = x / np.sqrt((x * x).mean(1, keepdims=True)) * rng.uniform(0.5, 1.5, 64) + rng.standard_normal(64) * 0.3
+    d, kind, w = norm_fit(ln, expected)
+    assert kind == "LayerNorm (weight and bias)" and w and d < 1e-12

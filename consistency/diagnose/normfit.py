@@ -16,6 +16,7 @@ from consistency.compare.metrics import percentiles
 from consistency.diagnose.evidence import fit_column_affine, fit_column_scale, rms_normalize
 
 AFFINE_MIN_ROWS = 16  # a per-column bias is fitted only with enough rows to pin it down
+AFFINE_OVER_MEAN = 10.0  # ... and claimed only when it fits 10x closer than the rows' own column mean
 
 
 def norm_fit(c: np.ndarray, x: np.ndarray) -> tuple[float, str, bool]:
@@ -32,7 +33,10 @@ def norm_fit(c: np.ndarray, x: np.ndarray) -> tuple[float, str, bool]:
         if center and c.shape[0] >= AFFINE_MIN_ROWS:
             w, b = fit_column_affine(c, n)
             biased = token_distance(c, n * w + b)
-            if biased * 2 + 1e-12 < out[-1][0]:
+            # a bias alone fits rows that barely vary (a padded batch's rows: one pad token's
+            # state, H200 graph_padrow): the norm must explain how the rows differ, not their mean
+            const = token_distance(c, np.broadcast_to(c.mean(axis=0), c.shape))
+            if biased * 2 + 1e-12 < out[-1][0] and biased * AFFINE_OVER_MEAN <= const:
                 out.append((biased, "LayerNorm (weight and bias)", True))
     return min(out)
 
