@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 
 from consistency.lint.rules import REGISTRY, select
-from test_lint_support import ROOT, Scenario, codes, eagle3_tensors, sglang_config, speculators_vllm, status
+from test_lint_support import (ROOT, Scenario, codes, eagle3_tensors, sglang_config, speculators_config,
+                               speculators_vllm, status)
 
 SG = Scenario
 
@@ -175,3 +176,18 @@ def test_missing_inputs_are_reported_as_not_evaluated(tmp_path: Path) -> None:
     for code in skipped:
         f = next(f for f in rep.findings if f.code == code)
         assert f.severity.value == "info" and f.message.startswith("not evaluated: ")
+
+
+@pytest.mark.parametrize("runtime, refused", [("sglang@0.5.23", True), ("sglang@0.5.5", True),
+                                              ("vllm@0.21.0", True), ("vllm@0.22.0", False), ("vllm@0.33.0", False)])
+def test_a_p_eagle_draft_is_refused_where_no_release_has_it(tmp_path: Path, runtime: str, refused: bool) -> None:
+    """speculators writes P-EAGLE drafts as ``speculators_model_type: peagle``. vLLM registers
+    PEagleDraftModel from 0.22.0; no SGLang wheel 0.5.5-0.5.23 has P-EAGLE in spec_info.py's
+    SpeculativeAlgorithm, nor a PEagle model file (read from each wheel)."""
+    s = speculators_vllm().copy(draft=speculators_config(speculators_model_type="peagle"), serve=None,
+                                runtime=runtime)
+    rep = s.run(tmp_path)
+    assert ("MTH001" in codes(rep, "error")) is refused, [(f.code, f.message) for f in rep.findings]
+    if refused:
+        msg = next(f.message for f in rep.findings if f.code == "MTH001")
+        assert "P-EAGLE" in msg

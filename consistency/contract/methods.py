@@ -58,6 +58,8 @@ ROWS: tuple[MethodRow, ...] = (
     # algorithms, 0.5.5/0.5.9; the SpeculativeAlgorithm enum, 0.5.12+)
     MethodRow("sglang", MEDUSA, None, f"{_SSPEC}: no MEDUSA in any release read (0.5.5-0.5.23)"),
     MethodRow("sglang", MLP, None, f"{_SSPEC}: no MLP speculator in any release read (0.5.5-0.5.23)"),
+    MethodRow("sglang", PEAGLE, None, f"{_SSPEC}: no P-EAGLE (parallel drafting) in any release read (0.5.5-0.5.23), "
+              "and no PEagle model file in those wheels"),
     MethodRow("sglang", EAGLE, VersionRange(), f"{_SSPEC} (EAGLE, alias NEXTN; 0.5.5-0.5.23)"),
     MethodRow("sglang", EAGLE3, VersionRange(), f"{_SSPEC} (EAGLE3; 0.5.5-0.5.23)"),
     MethodRow("sglang", MTP, VersionRange(), f"{_SSPEC} (NEXTN, an alias of EAGLE on the target's MTP layers)"),

@@ -157,7 +157,8 @@ def methods(ctx: Context) -> dict[str, str]:
       "(removed, or never had it)",
       "contract/methods.py: vllm/config/speculative.py SpeculativeMethod and models/registry.py in each wheel "
       "0.18.0-0.33.0 (Medusa removed in 0.33.0; MLPSpeculator registry entry commented out); sglang "
-      "speculative/spec_info.py SpeculativeAlgorithm in each wheel 0.5.5-0.5.23 (no MEDUSA; DFLASH from 0.5.12)",
+      "speculative/spec_info.py SpeculativeAlgorithm in each wheel 0.5.5-0.5.23 (no MEDUSA, no P-EAGLE; DFLASH "
+      "from 0.5.12)",
       "serve the draft on a release that accepts its method (the finding names the range), or train another kind")
 def method_release(ctx: Context) -> Iterator[Hit]:
     found = methods(ctx)
