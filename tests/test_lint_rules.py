@@ -191,3 +191,14 @@ def test_a_p_eagle_draft_is_refused_where_no_release_has_it(tmp_path: Path, runt
     if refused:
         msg = next(f.message for f in rep.findings if f.code == "MTH001")
         assert "P-EAGLE" in msg
+
+
+def test_a_pass_without_a_runtime_says_the_serving_side_was_not_checked(tmp_path: Path) -> None:
+    """Nothing unverified reads as a plain PASS: with no --runtime and no --serve, the verdict
+    line says what a server feeds was not checked (a hand-written SGLang-layout config)."""
+    s = Scenario(serve=None, runtime=None, trained_with="stream:2,16,29", target=None)
+    rep = s.run(tmp_path)
+    assert "what a server feeds was not checked" in rep.summary, rep.summary
+    named = Scenario(serve=None, runtime="sglang@0.5.23", trained_with="stream:2,16,29", target=None).run(
+        tmp_path / "named")
+    assert "not checked: no runtime named" not in named.summary and "feeds streams" in named.summary

@@ -315,6 +315,8 @@ def _summary(verdict: str, counts: dict[str, int], tr: list[int] | None, sv: lis
             f"; as EAGLE-3, {ctx.runtime_label} would feed streams {sv}" if sv is not None else ""))
     elif sv is not None:
         parts.append(f"{ctx.runtime_label} feeds streams {sv}")
+    elif ctx.serve is None and ctx.runtime is None and ctx.kind not in LAST_HIDDEN:
+        parts.append("what a server feeds was not checked: no runtime named (--runtime NAME@VERSION or --serve)")
     t = ctx.training
     if t is not None and t.ambiguous and ctx.kind not in LAST_HIDDEN:
         parts.append("the training streams depend on what trained the draft: " + "; ".join(
