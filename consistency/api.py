@@ -4,7 +4,7 @@ Each function returns the report model the matching command prints (``--json`` i
 ``model_dump_json()``), and raises :class:`consistency.errors.InputError` /
 :class:`~consistency.errors.UsageError` where the command would exit with code 2. They are
 thin: the work happens in the same library entry points the CLI and the gate call
-(:func:`consistency.diagnose.pipeline.run`, :func:`consistency.lint.engine.run_lint`,
+(:func:`consistency.pipeline.compare.run`, :func:`consistency.lint.engine.run_lint`,
 :func:`consistency.replay.api.replay_check`, :mod:`consistency.record.api`), so a notebook
 and CI reach the same verdict on the same inputs. Everything heavy is imported inside the
 functions: importing this module loads neither torch nor numpy. Guide: docs/api.md.
@@ -53,7 +53,7 @@ def compare(reference: Any, candidate: Any, *, contract: PathLike | None = None,
     is ``"pass"`` or ``"fail"``.
     """
     from consistency.compare.request import CompareRequest
-    from consistency.diagnose.pipeline import run_request
+    from consistency.pipeline.compare import run
     from consistency.dump.memory import as_side
 
     req = CompareRequest.build(reference, candidate, contract=_path(contract), rtol=rtol, atol=atol,
@@ -62,7 +62,7 @@ def compare(reference: Any, candidate: Any, *, contract: PathLike | None = None,
     ref, cand = as_side(reference, "reference"), as_side(candidate, "candidate")
     from dataclasses import replace
 
-    return run_request(replace(req, reference=ref, candidate=cand))
+    return run(replace(req, reference=ref, candidate=cand))
 
 
 def lint(draft: PathLike | None = None, target: PathLike | None = None, serve: str | None = None,
@@ -150,7 +150,7 @@ def record(model: Any, input_ids: Any = None, output: PathLike | None = None, *,
     ``"vllm"``, ...). ``output`` defaults to a new temporary file. Needs torch; returns
     the path written.
     """
-    from consistency.diagnose.pipeline import parse_ids
+    from consistency.contract.ids import parse_ids
     from consistency.errors import UsageError
     from consistency.record.api import record_reference, record_serving, resolve_streams
     from consistency.record.models import load_model, tokenize

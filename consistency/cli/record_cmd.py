@@ -11,7 +11,7 @@ from pathlib import Path
 import click
 import numpy as np
 
-from consistency.diagnose.pipeline import parse_ids  # noqa: F401 - re-exported
+from consistency.contract.ids import parse_ids
 from consistency.errors import InputError, UsageError
 
 
