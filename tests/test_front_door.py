@@ -95,3 +95,18 @@ def test_declared_ids_are_one_value_for_either_side() -> None:
     with pytest.raises(Exception, match="frozen|cannot assign"):
         o.applied = False  # type: ignore[misc]
     assert recorded.metadata.aux.stream_ids == [1, 3]
+
+
+def test_refuted_anchors_are_dropped_from_the_side_as_compared_not_from_the_callers() -> None:
+    """prepare drops a refuted token_index (TOKEN_INDEX_FALSE) and the ids become claims: both
+    on the sides as compared; the caller's dump keeps its own claims for the next compare."""
+    h = _streams()
+    ids = np.arange(100, 100 + T)
+    ref = MemoryDump({**h, "aux.0": h["hidden.1"], "input_ids": ids}, name="ref")
+    cand = MemoryDump({"aux.0": h["hidden.1"].copy(), "input_ids": ids.copy()},
+                      {"tensors": {"aux.0": {"token_index": list(range(T))[::-1]}}}, name="cand")
+    before = _state(ref), _state(cand)
+    rep = consistency.api.compare(ref, cand, cand_layer_ids=[1])
+    assert [f.code for f in rep.findings][0] == "TOKEN_INDEX_FALSE"
+    assert _state(ref) == before[0] and _state(cand) == before[1]
+    assert cand.metadata.tensors["aux.0"].token_index == list(range(T))[::-1] and cand.metadata.aux is None
