@@ -13,7 +13,7 @@ The Python API (docs/api.md) is reached lazily, so ``import consistency`` stays 
 sets a subpackage as an attribute of its parent the moment it is imported, which would
 shadow a plain function of the same name; so each of those subpackages is itself callable
 (:func:`_callable_package`), and calling it calls :mod:`consistency.api`'s function. Both
-``consistency.compare(...)`` and ``consistency.compare.pipeline`` therefore work, in
+``consistency.compare(...)`` and ``consistency.compare.request`` therefore work, in
 either import order.
 """
 

@@ -4,8 +4,8 @@ Each function returns the report model the matching command prints (``--json`` i
 ``model_dump_json()``), and raises :class:`consistency.errors.InputError` /
 :class:`~consistency.errors.UsageError` where the command would exit with code 2. They are
 thin: the work happens in the same library entry points the CLI and the gate call
-(:func:`consistency.diagnose.pipeline.run`, :func:`consistency.lint.engine.run_lint`,
-:func:`consistency.replay.api.replay_check`, :mod:`consistency.record.api`), so a notebook
+(:func:`consistency.pipeline.compare.run`, :func:`consistency.lint.engine.run_lint`,
+:func:`consistency.replay.api.replay_check`, :func:`consistency.record.request.run`), so a notebook
 and CI reach the same verdict on the same inputs. Everything heavy is imported inside the
 functions: importing this module loads neither torch nor numpy. Guide: docs/api.md.
 """
@@ -53,7 +53,7 @@ def compare(reference: Any, candidate: Any, *, contract: PathLike | None = None,
     is ``"pass"`` or ``"fail"``.
     """
     from consistency.compare.request import CompareRequest
-    from consistency.diagnose.pipeline import run_request
+    from consistency.pipeline.compare import run
     from consistency.dump.memory import as_side
 
     req = CompareRequest.build(reference, candidate, contract=_path(contract), rtol=rtol, atol=atol,
@@ -62,7 +62,7 @@ def compare(reference: Any, candidate: Any, *, contract: PathLike | None = None,
     ref, cand = as_side(reference, "reference"), as_side(candidate, "candidate")
     from dataclasses import replace
 
-    return run_request(replace(req, reference=ref, candidate=cand))
+    return run(replace(req, reference=ref, candidate=cand))
 
 
 def lint(draft: PathLike | None = None, target: PathLike | None = None, serve: str | None = None,
@@ -138,45 +138,31 @@ def _on_disk(side: Any, role: str) -> Iterator[str]:
 def record(model: Any, input_ids: Any = None, output: PathLike | None = None, *, prompt: str | None = None,
            style: str = "training", aux_layers: str | Sequence[int] | None = None, convention: str = "stream",
            capture: str = "guarded", components: bool | None = None, logits: bool = False, dtype: str = "float32",
-           seed: int = 0, force: bool = False) -> Path:
+           seed: int = 0, force: bool = False, gguf_file: PathLike | None = None) -> Path:
     """Record a dump from a model the training way or the serving way (``consistency record``).
 
     ``model`` is a loaded HF causal LM, a built-in tiny model name or a local HF
-    directory; give ``input_ids`` (a sequence, array or tensor) or ``prompt``.
-    ``style="training"`` records every stream, the deltas, the final norm and, with
+    directory; give ``input_ids`` (a sequence, array or tensor, or a token-id file) or
+    ``prompt``. ``style="training"`` records every stream, the deltas, the final norm and, with
     ``aux_layers``, the aux slots; ``style="serving"`` records the aux slots as a
     fused-residual runtime builds them (``capture``: ``guarded``, ``add`` or the
     ``clone`` bug). ``aux_layers`` are spelled as ``convention`` spells them (``"sglang"``,
     ``"vllm"``, ...). ``output`` defaults to a new temporary file. Needs torch; returns
-    the path written.
+    the path written. The request is the command's (:class:`~consistency.record.request.RecordRequest`):
+    the same input is refused with the same line, and the same inputs record the same dump.
     """
-    from consistency.diagnose.pipeline import parse_ids
-    from consistency.errors import UsageError
-    from consistency.record.api import record_reference, record_serving, resolve_streams
-    from consistency.record.models import load_model, tokenize
+    from consistency.record.request import run
 
-    if style not in ("training", "serving"):
-        raise UsageError(f"style must be 'training' or 'serving', got {style!r}")
-    if capture not in ("guarded", "add", "clone"):
-        raise UsageError(f"capture must be 'guarded', 'add' or 'clone', got {capture!r}")
-    if (prompt is None) == (input_ids is None):
-        raise UsageError("give exactly one of input_ids and prompt")
-    spec = os.fspath(model) if isinstance(model, (str, os.PathLike)) else None
-    if spec is not None:
-        model = load_model(spec, dtype=dtype, seed=seed)
-    if prompt is not None:
-        input_ids = tokenize(model, spec or "", prompt)
-    if output is None:
-        output = Path(tempfile.mkdtemp(prefix="consistency-")) / f"{style}.safetensors"
-    native = parse_ids(aux_layers)
-    wanted = aux_layers is not None and aux_layers != ""  # "default": the runtime default ids
-    streams = resolve_streams(model, native, convention)[0] if (wanted or style == "serving") else None
-    if style == "training":
-        return record_reference(model, input_ids, output, streams, native_ids=native, convention=convention,
-                                components=True if components is None else components, logits=logits, force=force)
-    assert streams is not None
-    return record_serving(model, input_ids, output, streams, capture_mode=capture, native_ids=native,
-                          convention=convention, runtime=convention, components=bool(components), force=force)
+    return run(record_request(model, input_ids, output, prompt=prompt, style=style, aux_layers=aux_layers,
+                              convention=convention, capture=capture, components=components, logits=logits,
+                              dtype=dtype, seed=seed, force=force, gguf_file=gguf_file)).path
+
+
+def record_request(model: Any, input_ids: Any = None, output: PathLike | None = None, **options: Any) -> Any:
+    """The :class:`~consistency.record.request.RecordRequest` :func:`record` runs (validated)."""
+    from consistency.record.request import RecordRequest
+
+    return RecordRequest.build(model, output, input_ids=input_ids, **options)
 
 
 def __getattr__(name: str) -> Any:

@@ -12,11 +12,13 @@ PKG = ROOT / "consistency"
 # who may import whom (top-level subpackages); bottom layer: escape <- errors <- contract <- dump
 ALLOWED: dict[str, set[str]] = {
     "__main__": {"cli"},
-    "api": {"compare", "contract", "diagnose", "dump", "errors", "escape", "lint", "record", "replay"},
+    "api": {"compare", "contract", "dump", "errors", "escape", "lint", "pipeline", "record", "replay"},
     "testing": {"api", "contract", "escape", "report"},
-    "cli": {"compare", "contract", "diagnose", "dump", "errors", "escape", "gate", "lint", "record", "replay",
+    "cli": {"compare", "contract", "dump", "errors", "escape", "gate", "lint", "pipeline", "record", "replay",
             "report", "interop"},
-    "gate": {"compare", "contract", "diagnose", "dump", "errors", "escape", "lint", "replay", "report"},
+    "gate": {"compare", "contract", "dump", "errors", "escape", "lint", "replay", "report"},
+    # the compare front door: above compare (numbers) and diagnose (words), the one way to diagnose
+    "pipeline": {"compare", "contract", "diagnose", "dump", "errors", "escape"},
     "diagnose": {"compare", "contract", "dump", "errors", "escape"},
     "replay": {"compare", "contract", "dump", "errors", "escape", "record"},
     "interop": {"contract", "dump", "errors", "escape", "record"},
@@ -54,6 +56,16 @@ def test_imports_follow_the_layering():
         assert src in ALLOWED, f"new top-level module {src}: add it to the layering (docs/architecture.md)"
         bad = dsts - ALLOWED[src]
         assert not bad, f"consistency.{src} imports {sorted(bad)}, against the one-way flow"
+
+
+def test_only_the_front_door_reaches_diagnose():
+    """diagnose/ words what compare/ measured and is run by one caller, the compare front door
+    (consistency/pipeline); it never calls back up into it (issue 38: the front door once lived
+    in diagnose/pipeline.py, so diagnose sat both below and above compare)."""
+    edges = _edges()
+    assert {src for src, dsts in edges.items() if "diagnose" in dsts} == {"pipeline"}
+    assert "pipeline" not in edges["diagnose"] and not (PKG / "diagnose" / "pipeline.py").exists()
+    assert {src for src, dsts in edges.items() if "pipeline" in dsts} <= {"api", "cli"}  # imports inside functions too
 
 
 def test_no_cycles_between_packages():

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from consistency.contract.models import AuxInfo, DumpMetadata, ModelInfo
-from consistency.diagnose.pipeline import run as run_compare
+from consistency.pipeline.compare import compare as run_compare
 from consistency.dump.writer import write_dump
 from tests.scenarios.build import ARCH_FAMILIES, PARALLEL, SANDWICH, _tiny_model, record
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from consistency.contract.models import AuxContract, AuxInfo, DumpMetadata, ModelInfo, SlotSpec
-from consistency.diagnose.pipeline import run
+from consistency.pipeline.compare import compare as run
 from consistency.dump.memory import MemoryDump
 from consistency.errors import UsageError
 

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from consistency.diagnose.pipeline import run as run_compare
+from consistency.pipeline.compare import compare as run_compare
 from consistency.contract.findings import CompareReport
 from tests.conftest import prompt_ids, recorded, run_cli, tiny
 

@@ -20,7 +20,7 @@ transformers = pytest.importorskip("transformers")
 
 from consistency.contract import consumers  # noqa: E402
 from consistency.contract.models import DumpMetadata, TensorMeta  # noqa: E402
-from consistency.diagnose.pipeline import run  # noqa: E402
+from consistency.pipeline.compare import compare as run  # noqa: E402
 from consistency.dump import names  # noqa: E402
 from consistency.dump.writer import write_dump  # noqa: E402
 from consistency.record.hf import capture_streams  # noqa: E402

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from consistency.contract.models import Consumer, ConsumerSpec, DumpMetadata, NormState, Pos0, Recycle
-from consistency.diagnose.pipeline import run
+from consistency.pipeline.compare import compare as run
 from consistency.dump.reader import open_dump
 from consistency.dump.writer import write_dump
 from consistency.record import Recorder, mtp_patch, patch

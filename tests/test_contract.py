@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from consistency.diagnose.pipeline import run as run_compare
+from consistency.pipeline.compare import compare as run_compare
 from consistency.contract.io import read_contract
 from consistency.contract.schema import all_schemas
 from consistency.errors import InputError

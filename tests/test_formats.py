@@ -27,7 +27,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from consistency.diagnose.pipeline import run as run_compare
+from consistency.pipeline.compare import compare as run_compare
 from consistency.dump.formats import detect
 from consistency.dump.reader import open_dump
 from consistency.dump.sets import open_side
@@ -338,7 +338,7 @@ def test_convert_specforge_to_npz(tmp_path):
 
 def test_compare_of_a_speculators_file_does_not_import_torch(tmp_path):
     hs = write_hs(tmp_path / "hs_0.safetensors", [2, 6, 9, N])
-    code = ("import sys; from consistency.diagnose.pipeline import run as run_compare;"
+    code = ("import sys; from consistency.pipeline.compare import compare as run_compare;"
             f"r = run_compare({str(hs)!r}, {str(twin(hs))!r}, layer_ids='2,6,9,12');"
             "assert r.verdict == 'pass', r.summary; assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[1])

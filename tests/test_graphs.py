@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from consistency.diagnose.pipeline import run as compare
+from consistency.pipeline.compare import compare
 from consistency.dump.reader import open_dump
 from consistency.record import Recorder, capture, graphs
 from consistency.record.async_capture import AsyncRecorder

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from consistency.diagnose.pipeline import run as run_compare
+from consistency.pipeline.compare import compare as run_compare
 from consistency.dump.dtypes import float32_to_bf16_bits
 from consistency.dump.writer import write_dump
 from tests.conftest import cli

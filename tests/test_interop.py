@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from consistency.diagnose.pipeline import run as run_compare
+from consistency.pipeline.compare import compare as run_compare
 from consistency.dump.reader import open_dump
 from consistency.interop import from_nnsight_cache, record_activation_cache, record_nnsight_cache, tl_names
 from consistency.interop.transformerlens import NOTE_NORMALIZED, from_activation_cache

@@ -246,7 +246,7 @@ def test_trained_with_ids_outside_the_target_are_a_usage_error() -> None:
 
 def test_compare_checks_layer_ids_and_convention_names(tmp_path: Path) -> None:
     from consistency.api import record
-    from consistency.diagnose.pipeline import run
+    from consistency.pipeline.compare import compare as run
 
     ref, cand = tmp_path / "ref.safetensors", tmp_path / "cand.safetensors"
     record("tiny-llama", output=str(ref), prompt="hello world")

@@ -206,7 +206,7 @@ def _vllm_file(path: Path, streams: list[int]) -> torch.Tensor:
 
 
 def test_vllm_data_generation_file_reads_its_last_id_as_the_verifier_state(tmp_path: Path) -> None:
-    from consistency.diagnose.pipeline import run as run_compare
+    from consistency.pipeline.compare import compare as run_compare
     from consistency.dump.sets import open_side
     from consistency.record.api import record_reference
     from tests.conftest import tiny
@@ -231,7 +231,7 @@ def test_compare_layer_ids_with_the_appended_n_declare_only_the_aux_slots(tmp_pa
     last state. It declares streams [2, 5, 8] and no aux.3."""
     import numpy as np
 
-    from consistency.diagnose.pipeline import run as run_compare
+    from consistency.pipeline.compare import compare as run_compare
     from consistency.dump.writer import write_dump
 
     rng = np.random.default_rng(0)

@@ -109,7 +109,7 @@ def _pair(tmp_path, ref_ids: list[int], cand_ids: list[int]):  # noqa: ANN202
 def test_report_diff_through_a_real_compare(tmp_path) -> None:
     """Stream ids that differ are one warning (the list is one value); the runtime's name and
     version are information; the order is the metadata's own, whatever the hash seed."""
-    from consistency.diagnose.pipeline import run
+    from consistency.pipeline.compare import compare as run
 
     a, b = _pair(tmp_path, [0, 1, 2], [1, 2, 3])
     rep = run(str(a), str(b))
@@ -119,7 +119,7 @@ def test_report_diff_through_a_real_compare(tmp_path) -> None:
                    ("aux.stream_ids", [0, 1, 2], [1, 2, 3], "values changed", "warning")]
     assert [f.message for f in rep.findings if f.code == "METADATA_DIFF"] == \
         ["metadata aux.stream_ids: reference [0, 1, 2], candidate [1, 2, 3]"]
-    code = ("import sys; from consistency.diagnose.pipeline import run; "
+    code = ("import sys; from consistency.pipeline.compare import compare as run; "
             "print([d.path for d in run(sys.argv[1], sys.argv[2]).metadata_diff])")
     seen = {subprocess.run([sys.executable, "-c", code, str(a), str(b)], capture_output=True, text=True, check=True,
                            env={**os.environ, "PYTHONHASHSEED": str(seed)}).stdout for seed in (1, 2, 3)}
@@ -158,7 +158,7 @@ def test_deepdiff_is_imported_without_pandas_and_pandas_still_imports_after(tmp_
     only while deepdiff imports, so a user's own ``import pandas`` afterwards still works."""
     pytest.importorskip("pandas")
     a, b = _pair(tmp_path, [0, 1, 2], [1, 2, 3])
-    code = ("import sys; from consistency.diagnose.pipeline import run\n"
+    code = ("import sys; from consistency.pipeline.compare import compare as run\n"
             "rep = run(sys.argv[1], sys.argv[2]); assert rep.metadata_diff\n"
             "print('deepdiff' in sys.modules, 'pandas' in sys.modules)\n"
             "import pandas; print(pandas.DataFrame({'x': [1]}).shape)")

@@ -69,7 +69,7 @@ def test_a_stored_npz_member_with_a_wrong_crc_is_corrupt(tmp_path):
 
 def test_a_large_integer_tensor_is_skipped_never_ok_never_a_crash(tmp_path, monkeypatch):
     from consistency.compare import judge
-    from consistency.diagnose.pipeline import run
+    from consistency.pipeline.compare import compare as run
 
     monkeypatch.setattr(judge, "MAX_EXACT_BYTES", 64)  # the bound, not the tensor, is made small
     ids = np.arange(64, dtype=np.int64)

@@ -13,7 +13,7 @@ import shutil
 import pytest
 
 from consistency.diagnose.layout import findings as layout_findings
-from consistency.diagnose.pipeline import run as run_compare
+from consistency.pipeline.compare import compare as run_compare
 from consistency.dump.sets import open_side
 from consistency.dump.stages import StagedDump
 from tests import tp_model as tp

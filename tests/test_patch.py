@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from consistency.diagnose.pipeline import run as run_compare
+from consistency.pipeline.compare import compare as run_compare
 from consistency.dump.reader import open_dump
 from consistency.record import Recorder, recorder
 from consistency.record.api import record_reference

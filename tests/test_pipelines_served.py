@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from consistency.diagnose.pipeline import run
+from consistency.pipeline.compare import compare as run
 from consistency.dump.reader import open_dump
 from consistency.dump.sets import open_side
 from tests import pipelines as PL

@@ -154,7 +154,7 @@ def test_a_rank0_only_recording_is_one_complete_file(tmp_path):
     rank0-of2, which compare would read as a set missing rank 1), saying it was rank 0's."""
     import torch.multiprocessing as mp
 
-    from consistency.diagnose.pipeline import run
+    from consistency.pipeline.compare import compare as run
 
     path = tmp_path / "serve.safetensors"
     mp.spawn(_rank0_worker, args=(2, str(path), _free_port()), nprocs=2, join=True)

@@ -37,7 +37,7 @@ def assert_readable_by_compare(path: Path, expected: dict[str, np.ndarray | tupl
                                tmp: Path) -> None:
     """Every expected capture is in ``path`` bit for bit, and ``compare`` of a dump written
     directly from the same arrays against it passes."""
-    from consistency.diagnose.pipeline import run
+    from consistency.pipeline.compare import compare as run
 
     got = _values(path)
     for name, want in expected.items():

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from consistency.diagnose.pipeline import run as compare
+from consistency.pipeline.compare import compare
 from consistency.record import graphs
 from tests import rowgen
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from consistency.contract.models import AuxInfo, DumpMetadata, ModelInfo
-from consistency.diagnose.pipeline import run as run_compare
+from consistency.pipeline.compare import compare as run_compare
 from consistency.dump.writer import write_dump
 from tests.massive import HIDDEN, N_LAYERS, VOCAB, ZERO_COL, massive
 

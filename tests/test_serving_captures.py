@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from consistency.compare.prepare import prepare
-from consistency.diagnose.pipeline import run
+from consistency.pipeline.compare import compare as run
 from consistency.dump.reader import open_dump
 from consistency.dump.stitch import stitch
 from consistency.record import Recorder

@@ -366,7 +366,7 @@ def test_drop_in_capture_and_async_recorder_write_positions_once_per_pass(tmp_pa
 
 
 def test_pipeline_passes_a_chunked_capture_and_fails_a_template_difference(tmp_path):
-    from consistency.diagnose.pipeline import run
+    from consistency.pipeline.compare import compare as run
 
     m = tiny("tiny-llama")
     ids = prompt_ids(m, 40, seed=13)
@@ -467,7 +467,7 @@ def test_reports_show_the_alignment(tmp_path):
     """JSON, text and HTML say what was compared of a prefix-cache suffix capture."""
     import io
 
-    from consistency.diagnose.pipeline import run
+    from consistency.pipeline.compare import compare as run
     from consistency.report import html_page, text
 
     m = tiny("tiny-llama")

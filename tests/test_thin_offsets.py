@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from consistency.contract.models import AuxInfo, DumpMetadata, ModelInfo
-from consistency.diagnose.pipeline import run
+from consistency.pipeline.compare import compare as run
 from consistency.dump import dtypes
 from consistency.dump.writer import write_dump
 

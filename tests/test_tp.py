@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from consistency.diagnose.pipeline import run as run_compare
+from consistency.pipeline.compare import compare as run_compare
 from consistency.dump.ranks import RankDump, parse_shard
 from consistency.dump.sets import open_side
 from tests import tp_model as tp

@@ -16,7 +16,7 @@ import pytest
 
 from consistency.compare import precision
 from consistency.diagnose import story
-from consistency.diagnose.pipeline import run
+from consistency.pipeline.compare import compare as run
 from consistency.dump import dtypes, names
 from consistency.dump.reader import open_dump
 from consistency.dump.writer import write_dump

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from consistency.cli.record_cmd import read_input_ids
+from consistency.record.inputs import read_input_ids
 from consistency.dump.reader import open_dump
 from consistency.errors import InputError
 from tests.conftest import ROOT, cli, run_cli

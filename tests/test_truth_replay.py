@@ -103,7 +103,7 @@ def _speculators_file(train: Path, out: Path) -> Path:
 
 
 def test_layer_ids_of_a_training_file_are_read_as_compare_reads_them(dumps: dict[str, Path], tmp_path: Path) -> None:
-    from consistency.diagnose.pipeline import run as run_compare
+    from consistency.pipeline.compare import compare as run_compare
 
     hs = _speculators_file(dumps["train"], tmp_path / "hs_0.safetensors")
     rep = run_replay(DRAFT, _target(), hs, dumps["serve"], steps=3, layer_ids=[0, 3, 7], convention="stream")

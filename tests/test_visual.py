@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from consistency.diagnose.pipeline import run as run_compare
+from consistency.pipeline.compare import compare as run_compare
 from consistency.contract.findings import CompareReport, SimilarityMatrix
 from consistency.errors import ConsistencyError, OutputExistsError
 from consistency.report import heatmap, html_page, visual

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from consistency.diagnose.pipeline import run as run_compare
+from consistency.pipeline.compare import compare as run_compare
 from fixtures import zoo
 
 _TARGETS: dict[str, zoo.Target] = {}

@@ -297,7 +297,7 @@ def two_rank_scenarios(d: Path, backend: str = "gloo") -> list[dict]:
     check on two GPUs. Each row says what was expected and what was found."""
     import time
 
-    from consistency.diagnose.pipeline import run as run_compare
+    from consistency.pipeline.compare import compare as run_compare
     from consistency.dump.sets import open_side
 
     refs = {"tp": reference_dump(d / "ref.safetensors"), "dp": d / "ref.safetensors",

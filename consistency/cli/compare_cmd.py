@@ -53,7 +53,7 @@ def compare(reference: str, candidate: str, contract: str | None, json_out: str 
             raise UsageError(f"--png needs the report extra: {install_line('report')} ({exc})") from None
         require_png()
     from consistency.compare.request import CompareRequest
-    from consistency.diagnose.pipeline import run_request
+    from consistency.pipeline.compare import run
 
     progress = None
     if not quiet and sys.stderr.isatty():
@@ -64,7 +64,7 @@ def compare(reference: str, candidate: str, contract: str | None, json_out: str 
                                tolerance=tolerance, layer_ids=layer_ids, ref_layer_ids=ref_layer_ids,
                                cand_layer_ids=cand_layer_ids, convention=convention, consumer=consumer, tokenizer=tokenizer,
                                progress=progress)
-    rep = run_request(req)
+    rep = run(req)
     if json_out == "-":
         sys.stdout.write(json_log(rep.model_dump_json(indent=2)) + "\n")
     elif json_out:

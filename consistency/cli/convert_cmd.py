@@ -71,7 +71,7 @@ def convert(source: str, output: str, layer_ids: str | None, convention: str | N
     the dump format (hidden.s, aux.i, input_ids, final_norm; passes as name#k) and the
     stream ids of the aux slots are recorded when --layer-ids says what they are.
     """
-    from consistency.diagnose.pipeline import parse_ids
+    from consistency.contract.ids import parse_ids
 
     out, notes = convert_file(source, output, parse_ids(layer_ids), convention, force)
     from consistency.escape import term

@@ -66,7 +66,7 @@ def _outputs(out_dir: Path, fixed: bool, json_out: str | None, force: bool) -> t
 def demo(fixed: bool, out_dir: Path | None, json_out: str | None, no_replay: bool, force: bool) -> None:
     """Record a training dump and a serving dump of an embedded 12-layer Llama, compare
     them and print the diagnosis (no download, no GPU, about ten seconds on two CPU cores)."""
-    from consistency.diagnose.pipeline import run as run_compare
+    from consistency.pipeline.compare import compare as run_compare
     from consistency.dump.atomic import write_text_atomic
     from consistency.record.api import record_reference, record_serving
     from consistency.record.models import DEMO_PROMPT, load_model, tokenize

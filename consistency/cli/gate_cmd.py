@@ -21,7 +21,7 @@ def lint_runner(opts: dict[str, Any]) -> Any:
 
 def compare_runner(opts: dict[str, Any]) -> Any:
     from consistency.compare.request import CompareRequest
-    from consistency.diagnose.pipeline import run_request
+    from consistency.pipeline.compare import run
     from consistency.errors import UsageError
 
     for key in ("reference", "candidate"):
@@ -30,7 +30,7 @@ def compare_runner(opts: dict[str, Any]) -> Any:
     from consistency.gate.config import COMPARE_KEYS
 
     asked = {k: v for k, v in opts.items() if k in COMPARE_KEYS - {"name", "optional", "reference", "candidate"}}
-    return run_request(CompareRequest.build(opts["reference"], opts["candidate"], **asked))
+    return run(CompareRequest.build(opts["reference"], opts["candidate"], **asked))
 
 
 def replay_runner() -> tuple[Any, str]:

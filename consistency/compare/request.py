@@ -1,6 +1,6 @@
 """What a comparison is asked to do, validated once: the CLI, the gate, the Python API, the
 pytest helper and the demo all build a :class:`CompareRequest` and hand it to
-``consistency.diagnose.pipeline.run``; an error names the field (``threshold``,
+``consistency.pipeline.compare.run``; an error names the field (``threshold``,
 ``tolerance``), never a flag one entry point happens to spell it with, and an unknown
 option is a usage error rather than something silently ignored.
 """

@@ -8,6 +8,7 @@ from consistency import __version__
 from consistency.contract.codes import C
 from consistency.diagnose import metadiff
 from consistency.compare.engine import Comparison
+from consistency.compare.types import Note
 from consistency.contract.findings import (CompareReport, DumpSummary, Finding, Severity, SimilarityMatrix, SlotReport,
                                            verdict_of)
 from consistency.diagnose import story as story_mod
@@ -24,11 +25,12 @@ def _summary(d: Dump, claimed: list[int] | None, runtime: str | None) -> DumpSum
 
 
 def build(cmp: Comparison, findings: list[Finding], st: story_mod.Story | None = None, alignment: Any = None,
-          notes: list[str] | None = None) -> CompareReport:
+          notes: list[str | Note] | None = None) -> CompareReport:
     """The report; its headline is written here, once, from the final findings.
 
     ``alignment``: the token alignment (compare.tokens.TokenAlignment) when one was made;
-    ``notes``: what the caller assumed before compare ran (ids applied, ...)."""
+    ``notes``: what the caller assumed before compare ran (ids applied, ...), as sentences
+    or as notes (data) worded here."""
     slots = []
     by_tensor = {}
     for f in findings:
@@ -64,7 +66,7 @@ def build(cmp: Comparison, findings: list[Finding], st: story_mod.Story | None =
         counts[f.code] = counts.get(f.code, 0) + 1
     per_token = {r.name: _downsample(r.metrics.per_row.tolist()) for r in cmp.results
                  if r.metrics is not None and r.metrics.per_row is not None and r.status != "ok"}
-    assumptions = list(notes or []) + [x if isinstance(x, str) else words.note(x)
+    assumptions = [x if isinstance(x, str) else words.note(x) for x in notes or []] + [x if isinstance(x, str) else words.note(x)
                                        for x in list(alignment.notes if alignment is not None else [])]
     assumptions += [words.note(n) for n in cmp.plan.notes + cmp.notes]
     rep = CompareReport(

@@ -145,6 +145,13 @@ NOTES: dict[str, Callable[[Mapping[str, Any]], str]] = {
                                   f"values (e.g. {d['tensors'][0]}): judged against the {'/'.join(d['dtypes'])} "
                                   "noise floor"),
     "text": lambda d: str(d["text"]),
+    # the user's ids for a side (consistency.pipeline.claims): declared for the reference, claimed for the candidate
+    "ids_declared": lambda d: f"{d['file']}: streams {d['streams']} declared by {d['flag']} {d['ids']}",
+    "ids_claimed": lambda d: f"{d['file']}: streams {d['streams']} from {d['flag']} {d['ids']}"
+                             + (f" (it recorded {d['recorded']})" if d.get("recorded") else ""),
+    "ids_not_applied": lambda d: f"{d['file']} records streams {d['recorded']}; --layer-ids {d['ids']} not applied to "
+                                 + (f"it (use {d['own_flag']} to declare them, which its own record outranks)"
+                                    if d["side"] == "reference" else f"it (use {d['own_flag']} to override)"),
 }
 
 

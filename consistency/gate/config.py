@@ -25,16 +25,20 @@ from consistency.compare.request import CompareRequest
 from consistency.dump.atomic import hidden_by_symlink, workspace
 from consistency.errors import InputError, UsageError
 from consistency.lint.engine import FAIL_ON, LintRequest
+from consistency.replay.request import ALIASES as REPLAY_ALIASES
+from consistency.replay.request import ReplayRequest
 
-# A [[lint]] / [[compare]] table sets its request's own fields (the request says what a check can
-# be asked, and validates it), less what only an in-process caller can hand over, plus the
-# gate's two (the check's name, optional). A field added to a request is a gate key at once.
+# A [[lint]] / [[compare]] / [[replay]] table sets its request's own fields (the request says what
+# a check can be asked, and validates it), less what only an in-process caller can hand over, plus
+# the gate's two (the check's name, optional). A field added to a request is a gate key at once.
 IN_PROCESS_ONLY = {"tokenizer", "progress"}  # an object or a callback (a tokenizer path would load a PR's files)
-LINT_KEYS = {f.name for f in fields(LintRequest)} | {"name", "optional"}
-COMPARE_KEYS = ({f.name for f in fields(CompareRequest)} - IN_PROCESS_ONLY) | {"name", "optional"}
+GATE_OWN = {"name", "optional"}
+LINT_KEYS = {f.name for f in fields(LintRequest)} | GATE_OWN
+COMPARE_KEYS = ({f.name for f in fields(CompareRequest)} - IN_PROCESS_ONLY) | GATE_OWN
+REPLAY_KEYS = {f.name for f in fields(ReplayRequest)} | set(REPLAY_ALIASES) | GATE_OWN
 GATE_KEYS = {"fail_on", "json", "junit", "sarif", "summary", "annotations", "force"}
 OUTPUT_KEYS = ("json", "junit", "sarif", "summary")
-PATH_KEYS = {"draft", "target", "reference", "candidate", "contract", "trained_with", "dump", "train", "serve_dump"}
+PATH_KEYS = {"draft", "target", "reference", "candidate", "contract", "trained_with"}
 
 # The type each key must have (a value of another type is an error, never a silent
 # default): "str", "num" (int or float, not bool), "bool", "strs" (a string or a list of
@@ -46,11 +50,12 @@ TYPES: dict[str, str] = {
     "ref_layer_ids": "ids", "cand_layer_ids": "ids", "consumer": "str",
     "convention": "str", "json": "str", "junit": "str", "sarif": "str", "summary": "str", "annotations": "bool",
     "steps": "int", "max_drop_points": "num", "max_drop": "num", "min_acceptance": "num", "feed": "str",
-    "labels": "str", "optional": "bool",
+    "labels": "str", "optional": "bool", "method": "str", "overrides": "bools",
 }
 _TYPE_WORDS = {"str": "a string", "num": "a number", "int": "an integer", "bool": "true or false",
                "strs": "a string or a list of strings", "ids": "a list of integers or a \"0,3,31\" string",
-               "tolerance": "a table (e.g. {bfloat16 = 0.02}) or a list of strings"}
+               "tolerance": "a table (e.g. {bfloat16 = 0.02}) or a list of strings",
+               "bools": "a table of true/false values (e.g. {norm_output = true})"}
 
 
 def _typed(value: Any, kind: str) -> bool:
@@ -67,6 +72,8 @@ def _typed(value: Any, kind: str) -> bool:
     if kind == "ids":
         return isinstance(value, str) or (isinstance(value, list) and all(
             isinstance(v, int) and not isinstance(v, bool) for v in value))
+    if kind == "bools":
+        return isinstance(value, dict) and all(isinstance(v, bool) for v in value.values())
     if kind == "tolerance":
         return isinstance(value, (dict, str)) or (isinstance(value, list) and all(isinstance(v, str) for v in value))
     return True
@@ -201,14 +208,14 @@ def load(path: str | Path, builtins: Iterable[str] = ()) -> GateConfig:
     for key in OUTPUT_KEYS:
         if key in cfg.settings:
             cfg.settings[key] = _output(p, base, key, cfg.settings[key])
-    for kind, allowed in (("lint", LINT_KEYS), ("compare", COMPARE_KEYS), ("replay", None)):
+    for kind, allowed in (("lint", LINT_KEYS), ("compare", COMPARE_KEYS), ("replay", REPLAY_KEYS)):
         entries = raw.get(kind, [])
         if not isinstance(entries, list):
             raise InputError(p, f"[{kind}] must be an array of tables: write [[{kind}]]")
         for i, entry in enumerate(entries):
             if not isinstance(entry, dict):
                 raise InputError(p, f"[[{kind}]] entry {i + 1} is not a table")
-            if allowed is not None and set(entry) - allowed:
+            if set(entry) - allowed:
                 raise InputError(p, f"[[{kind}]] entry {i + 1} has unknown key(s) {sorted(set(entry) - allowed)}; "
                                     f"known: {sorted(allowed)}")
             _check_types(p, f"[[{kind}]] entry {i + 1}", entry)

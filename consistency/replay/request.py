@@ -20,6 +20,7 @@ FEEDS = ("auto", "own", "teacher")
 LABELS = ("auto", "logits", "target", "input_ids")
 METHODS = ("auto", "eagle3", "mtp", "eagle1")
 DEFAULT_MAX_DROP = 5.0
+ALIASES = {"max_drop": "max_drop_points"}  # older names a caller may still use (the gate's keys include them)
 MAX_STEPS = 64
 
 

@@ -309,7 +309,7 @@ def write(b: Built, c: Case, st: Streams, d: Path) -> tuple[Path, Path, dict[str
 
 
 def run(c: Case, d: Path) -> tuple[Any, BaseException | None, list[Miss]]:
-    from consistency.diagnose.pipeline import run as compare
+    from consistency.pipeline.compare import compare
 
     st = record(c.arch)
     b = build(st, c)

@@ -92,15 +92,10 @@ def run(sc: Scenario, d: Path) -> tuple[Any, BaseException | None, list[Miss], B
 
 
 def entry_point() -> Any:
-    """The library compare pipeline (it moved during issue 13's rewrite; either home works)."""
-    import importlib
+    """The library compare front door (what the CLI calls), taking loose options."""
+    from consistency.pipeline.compare import compare
 
-    for mod in ("consistency.diagnose.pipeline", "consistency.compare.pipeline"):
-        try:
-            return importlib.import_module(mod).run
-        except ImportError:
-            continue
-    raise ImportError("no compare pipeline: consistency.diagnose.pipeline.run / consistency.compare.pipeline.run")
+    return compare
 
 
 def ids_kwargs(fn: Any, b: Built, sc: Scenario) -> dict[str, Any]:
