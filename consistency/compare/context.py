@@ -92,7 +92,7 @@ class Context:
         return self._streams[shape]
 
     def noise_floor(self, name: str, ref: TensorView | None, cand: TensorView, gap: float | None = None,
-                    user: bool = True) -> tuple[float, str]:
+                    user: bool = True) -> tuple[float, Note]:
         """The pair's floor: user rules first (unless ``user`` is False: identity is judged
         against noise, never against a tolerance), else the dtype floor of the precision
         the values really carry; a float8 side earns a floor measured on these values."""
@@ -112,7 +112,6 @@ class Context:
             return tol.floor(name, dr, dc, gap)
         measured = precision.storage_floor(sample, narrow[0])
         f = max(compute, measured)
-        why = f"{narrow[0]} storage floor {f:.2g} (measured {measured / precision.STORAGE_MARGIN:.2g} on these values)"
         if gap is not None and gap > 0 and gap / 10 < f:
-            return gap / 10, f"neighbour gap {gap:.3g}/10"
-        return f, why
+            return gap / 10, Note.of("floor_gap", gap=gap, divisor=10.0)
+        return f, Note.of("floor_storage", dtype=narrow[0], floor=f, measured=measured / precision.STORAGE_MARGIN)

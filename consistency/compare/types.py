@@ -341,7 +341,7 @@ class Verdict:
 
     status: Status
     floor: float | None = None
-    floor_why: str = ""
+    floor_why: Note | None = None  # where the floor came from (compare.tolerance), worded by diagnose
     bad_tokens: tuple[int, ...] = ()  # token rows far beyond the floor
     matched: bool = False  # the best identification is within noise of the candidate (it *is* that tensor)
     tolerated: bool = False  # within a user tolerance only; it is not the expected tensor
@@ -349,4 +349,4 @@ class Verdict:
     holds_stream: int | None = None
     held: str | None = None  # the reference tensor name that showed it (``holds`` is its canonical name)
     exact: Mapping[str, Any] | None = None
-    skipped: str = ""  # why it was not evaluated (Status.skipped)
+    skipped: str = ""  # why it was not evaluated (Status.skipped), a key diagnose words ("int_too_large")

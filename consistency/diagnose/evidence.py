@@ -14,6 +14,7 @@ import numpy as np
 
 from consistency.compare.engine import Comparison, Result
 from consistency.compare.identify import token_distance
+from consistency.diagnose import words
 from consistency.dump import names
 from consistency.dump.reader import TensorView
 
@@ -100,7 +101,7 @@ class Evidence:
         if s is None:
             canon = self.cmp.canonical(name)
             return canon if canon == name else f"{canon} ({name})"
-        return names.stream_words(s, self._num_layers())
+        return words.stream_words(s, self._num_layers())
 
     def _num_layers(self) -> int | None:
         """N: the reference's metadata, else the declaration (the plan), else a reference that

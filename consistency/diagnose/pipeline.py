@@ -67,11 +67,12 @@ def run_request(req: CompareRequest) -> CompareReport:
         if con is not None:
             from consistency.compare.plan import declared_from_contract
             from consistency.compare.sides import combine_declared
+            from consistency.diagnose.words import note as word
 
             declared, cnote = combine_declared(declared, declared_from_contract(con)[0],
                                                os.fspath(req.contract) if isinstance(req.contract, (str, os.PathLike))
                                                else "given")
-            notes += cnote
+            notes += [word(n) for n in cnote]
         declared = with_consumer(declared, req.consumer)
         ref, note = read_for(ref, declared, stack)
         notes += note

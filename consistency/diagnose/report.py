@@ -64,9 +64,8 @@ def build(cmp: Comparison, findings: list[Finding], st: story_mod.Story | None =
         counts[f.code] = counts.get(f.code, 0) + 1
     per_token = {r.name: _downsample(r.metrics.per_row.tolist()) for r in cmp.results
                  if r.metrics is not None and r.metrics.per_row is not None and r.status != "ok"}
-    assumptions = list(notes or []) + [x if isinstance(x, str) else words.note(x)
-                                       for x in list(alignment.notes if alignment is not None else [])]
-    assumptions += [words.note(n) for n in cmp.plan.notes + cmp.notes]
+    token_notes = [words.note(n) for n in (alignment.notes if alignment is not None else ())]
+    assumptions = list(notes or []) + token_notes + [words.note(n) for n in cmp.plan.notes + cmp.notes]
     rep = CompareReport(
         version=__version__, verdict=verdict_of(findings), summary=summary,
         reference=_summary(cmp.ref, cmp.plan.ref.claimed_streams, cmp.plan.ref.runtime),
@@ -75,7 +74,7 @@ def build(cmp: Comparison, findings: list[Finding], st: story_mod.Story | None =
         assumptions=assumptions, seconds=round(cmp.seconds, 4),
         similarity=similarity(cmp), per_token=per_token,
         not_compared=len(cmp.plan.not_compared),
-        alignment=alignment.summary() if alignment is not None else None)
+        alignment={**alignment.summary(), "notes": token_notes} if alignment is not None else None)
     return rep
 
 

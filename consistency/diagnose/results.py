@@ -37,7 +37,7 @@ def finding(ev: Evidence, r: Result) -> tuple[list[Finding], int | None]:
     if r.ident and r.ident.best:
         metrics["identification"] = _ident_dict(r)
     if r.floor is not None:
-        metrics.update(floor=r.floor, floor_source=r.floor_why)
+        metrics.update(floor=r.floor, floor_source=words.floor(r.floor_why))
     out: list[Finding] = []
     stream = None
     if r.status == Status.ok:
@@ -53,17 +53,17 @@ def finding(ev: Evidence, r: Result) -> tuple[list[Finding], int | None]:
                    "tell the expected stream from its neighbour: nothing was verified" if gap is not None and blind
                    else "; the reference records no neighbouring stream to tell it from, so nothing was verified"
                    if blind else "")
-            out.append(Finding.make(C.TOLERATED, f"{label} passes {r.floor_why} (token rel_diff {d:.3g}, beyond its "
+            out.append(Finding.make(C.TOLERATED, f"{label} passes {words.floor(r.floor_why)} (token rel_diff {d:.3g}, beyond its "
                                     f"noise floor) but {what}; expected {ev.stream_name(r.expected or '')}{why}",
                                     severity=Severity.error if blind else None, identified_as=held, metrics=metrics,
                                     **base))
             return out, stream
         out.append(Finding.make(C.OK, f"{label} matches {r.expected} (token rel_diff "
-                                f"{r.metrics.token_rel_diff:.2e} <= {r.floor:.1e}, {r.floor_why})" if r.metrics else
+                                f"{r.metrics.token_rel_diff:.2e} <= {r.floor:.1e}, {words.floor(r.floor_why)})" if r.metrics else
                                 f"{label} equals {r.expected}", identified_as=held, metrics=metrics, **base))
         if r.ref is not None and r.ref.dtype != r.cand.dtype:
             out.append(Finding.make(C.DTYPE_MISMATCH, f"{label} is {r.cand.dtype}, {r.expected} is {r.ref.dtype}; values "
-                                    f"agree within {r.floor_why or 'exact equality'}", identified_as=held, **base))
+                                    f"agree within {words.floor(r.floor_why) or 'exact equality'}", identified_as=held, **base))
         if r.ident and r.slot is not None and (r.ident.confidence or math.inf) < AMBIGUOUS_RATIO:
             out.append(Finding.make(C.IDENTIFICATION_AMBIGUOUS, f"{label} matches {r.identified} but "
                                     f"{r.ident.runner_up.name if r.ident.runner_up else '?'} is only "
@@ -156,7 +156,7 @@ def _holds(x: Explanation, floor: float) -> bool:
 
 def _explain(ev: Evidence, r: Result, label: str, base: dict, metrics: dict) -> tuple[list[Finding], int | None]:
     assert r.metrics is not None and r.ref is not None and r.floor is not None
-    floor = max(r.floor, ev.cmp.pair_floor(r)[0]) if not r.floor_why.startswith(("rule ", "--threshold")) else \
+    floor = max(r.floor, ev.cmp.pair_floor(r)[0]) if not r.floor_user else \
         ev.cmp.pair_floor(r)[0]
     tried = []
     for h in hypotheses.REGISTRY:
@@ -191,8 +191,8 @@ def _explain(ev: Evidence, r: Result, label: str, base: dict, metrics: dict) -> 
         what = ev.stream_name(r.ref.name)
         near_other = f"; the nearest other stream is {gap:.2e} away" if gap else ""
         return [Finding.make(C.NUMERIC_DRIFT, f"{label} still holds {what} but differs by token rel_diff {d:.2e}, "
-                             f"{d / r.floor:.0f}x its noise floor ({r.floor_why}){near_other}"
-                             + (f"; {r.metrics.mismatch_sentence(r.cand.shape)}{rownames.at_max(ev.cmp, r)} "
+                             f"{d / r.floor:.0f}x its noise floor ({words.floor(r.floor_why)}){near_other}"
+                             + (f"; {words.mismatch(r.metrics, r.cand.shape)}{rownames.at_max(ev.cmp, r)} "
                                 f"(--rtol/--atol given)" if strict else ""),
                              severity=sev, identified_as=r.holds or ev.cmp.canonical(r.expected), metrics=metrics,
                              **base)], r.expected_stream
@@ -203,7 +203,7 @@ def _explain(ev: Evidence, r: Result, label: str, base: dict, metrics: dict) -> 
     thin = causes.thin_note(ev, r)
     return [Finding.make(C.UNKNOWN, f"{label} differs from {ev.stream_name(r.expected or '')} (token rel_diff {d:.3g}, "
                          f"{d / r.floor:.0f}x its floor) and no explanation holds; nearest: {near or 'none'}.{thin} "
-                         f"{r.metrics.mismatch_sentence(r.cand.shape)}{rownames.at_max(ev.cmp, r)}",
+                         f"{words.mismatch(r.metrics, r.cand.shape)}{rownames.at_max(ev.cmp, r)}",
                          identified_as=None, metrics=metrics, **base)], None
 
 
