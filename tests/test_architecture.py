@@ -312,8 +312,8 @@ def _plain_words(text: str) -> int:
 
 def _sentences(tree: ast.AST) -> list[tuple[int, str, str]]:
     """(line, enclosing function, text) of each sentence (three or more words, or a CLI
-    flag) a module builds outside a docstring, an error (``raise``, ``SomeError(...)``, a name the function
-    raises, an :data:`ERROR_SINKS` call) and a comparison."""
+    flag) a module builds outside a docstring, an error (``raise``, ``assert``, ``SomeError(...)``,
+    a name the function raises, an :data:`ERROR_SINKS` call) and a comparison."""
     parents: dict[int, ast.AST] = {}
     for node in ast.walk(tree):
         for child in ast.iter_child_nodes(node):
@@ -326,7 +326,7 @@ def _sentences(tree: ast.AST) -> list[tuple[int, str, str]]:
     for node in ast.walk(tree):
         if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
             mark(node)  # a docstring
-        elif isinstance(node, ast.Raise) or isinstance(node, ast.Compare):
+        elif isinstance(node, (ast.Raise, ast.Assert, ast.Compare)):
             mark(node)
         elif isinstance(node, ast.Call):
             f = node.func
@@ -396,3 +396,64 @@ def test_no_sentence_is_built_in_compare_or_dump():
     assert set(SENTENCES_ALLOWED) == used, f"stale allow-list entries: {sorted(set(SENTENCES_ALLOWED) - used)}"
     assert bad == [], "sentences built in compare/ or dump/ (return a Note and word it in diagnose/words.py):\n" \
         + "\n".join(bad)
+
+
+# -- identity carried, resolved once (issue 38 item 4) -----------------------------------------
+
+NAME_PARSERS = {"parse", "stream_of", "canonical", "spelling", "sort_key", "name_by_values", "stream_by_values"}
+RESULT_NAMES = {"name", "expected", "holds", "held"}
+RESULT_VARS = {"r", "res", "result"}  # what diagnose/ calls a compare.result.Result  # r.name, r.expected, r.ref.name, r.cand.name, r.holds, r.held
+
+
+def _result_name(e: ast.expr) -> bool:
+    """``r.name``, ``r.expected``, ``r.ref.name``, ``r.cand.name``, ``r.holds`` (``r`` one of
+    :data:`RESULT_VARS`): one result's own names, which the plan resolved into ``r.identity``. Names of other
+    tensors (``r.ident.best.name``: what identification ranked; a finding's tensor) are not."""
+    if not isinstance(e, ast.Attribute) or e.attr not in RESULT_NAMES:
+        return False
+    v = e.value
+    if isinstance(v, ast.Name):
+        return v.id in RESULT_VARS
+    return isinstance(v, ast.Attribute) and v.attr in ("ref", "cand") and isinstance(v.value, ast.Name) \
+        and v.value.id in RESULT_VARS and e.attr == "name"
+
+
+def _reparsed(tree: ast.AST) -> list[tuple[int, str]]:
+    out = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call) or not node.args:
+            continue
+        f = node.func
+        name = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
+        arg = node.args[0]
+        arg = arg.values[0] if isinstance(arg, ast.BoolOp) else arg  # ``names.parse(r.ref.name or "")``
+        if name in NAME_PARSERS and _result_name(arg):
+            out.append((node.lineno, ast.unparse(node)))
+    return out
+
+
+def test_diagnose_reads_identity_never_reparses_result_names():
+    """The plan parses each entry's names once (``compare.plan.identity``: the candidate's
+    kind and index, the expected tensor's, and what it is by the reference's values) and
+    every result carries it as ``r.identity``; diagnose/ reads it. Parsing ``r.name`` or
+    ``r.ref.name`` again (``names.parse``, ``stream_of``, ``name_by_values``, ...) is how
+    diagnose once called ``canonical`` 15 times and parsed names 30 times."""
+    src = "def f(r, cmp):\n    a = names.parse(r.name).kind\n    b = cmp.name_by_values(r.ref.name or '')\n" \
+          "    c = names.parse(r.ident.best.name)\n    d = r.identity.kind\n    e = names.parse(x.name)\n"
+    assert sorted(ln for ln, _c in _reparsed(ast.parse(src))) == [2, 3]
+    bad = [f"{f.relative_to(ROOT)}:{ln}: {call}" for f in sorted((PKG / "diagnose").rglob("*.py"))
+           for ln, call in _reparsed(ast.parse(f.read_text(), str(f)))]
+    assert bad == [], "diagnose/ re-derives a result's identity (read r.identity):\n" + "\n".join(bad)
+
+
+def test_one_meaning_per_word():
+    """``canonical`` and ``stream_of`` are dump/names.py's, by the name (``hidden.01`` is
+    ``hidden.1``; ``hidden.3`` is stream 3). What a reference tensor is by its values is
+    ``name_by_values`` / ``stream_by_values`` (compare/refslots.py); no other module defines
+    a function of either word."""
+    defs: dict[str, list[str]] = defaultdict(list)
+    for f in PKG.rglob("*.py"):
+        for node in ast.walk(ast.parse(f.read_text(), str(f))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name in ("canonical", "stream_of"):
+                defs[node.name].append(f.relative_to(ROOT).as_posix())
+    assert dict(defs) == {"canonical": ["consistency/dump/names.py"], "stream_of": ["consistency/dump/names.py"]}

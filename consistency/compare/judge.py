@@ -127,12 +127,12 @@ def _with_holds(ctx: Context, e: Entry, rw: Rows, v: Verdict, ident: identify.Id
         raw = best if v.matched else None
     if raw is None:
         return v
-    stream = ctx.stream_of(raw)
+    stream = ctx.stream_by_values(raw)
     if stream is None and rw.ref is not None and raw == rw.ref.name and not e.expect.post_norm:
         stream = e.expect.stream  # the expected tensor itself, whose stream the plan knows
     from dataclasses import replace
 
-    return replace(v, holds=ctx.canonical(raw), holds_stream=stream, held=raw)
+    return replace(v, holds=ctx.name_by_values(raw), holds_stream=stream, held=raw)
 
 
 def _matches_something(ctx: Context, cand: TensorView, ident: identify.Identification | None) -> bool:

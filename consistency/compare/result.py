@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from consistency.compare import identify
 from consistency.compare.metrics import PairMetrics
 from consistency.compare.tolerance import USER_FLOORS
-from consistency.compare.types import Entry, Expectation, Note, RowPairing, Rows, Status, StepHeld, Verdict
+from consistency.compare.types import Entry, Expectation, Identity, Note, RowPairing, Rows, Status, StepHeld, Verdict
 from consistency.dump.reader import TensorView
 
 DRIFT_WITHOUT_GAP = 10.0  # drift (the same tensor, with error) stays within 10x the floor
@@ -70,6 +70,12 @@ class Result:
     @property
     def post_norm(self) -> bool:
         return self.entry.expect.post_norm
+
+    @property
+    def identity(self) -> Identity:
+        """Who this tensor is and what it should be, resolved once by the plan."""
+        assert self.entry.identity is not None, "an Entry reaches a Result through compare.plan.build"
+        return self.entry.identity
 
     @property
     def why(self) -> str:

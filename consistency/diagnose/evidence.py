@@ -97,9 +97,9 @@ class Evidence:
 
     def stream_name(self, name: str) -> str:
         """How to say a reference name in a sentence: 'stream 3 (layer 2's output)'."""
-        s = self.cmp.stream_of(name)
+        s = self.cmp.stream_by_values(name)
         if s is None:
-            canon = self.cmp.canonical(name)
+            canon = self.cmp.name_by_values(name)
             return canon if canon == name else f"{canon} ({name})"
         return words.stream_words(s, self._num_layers())
 

@@ -36,7 +36,7 @@ def build(cmp: Comparison, findings: list[Finding], st: story_mod.Story | None =
             by_tensor[f.tensor] = f.code
     for r in sorted((r for r in cmp.results if r.slot is not None), key=lambda r: r.slot or 0):
         slots.append(SlotReport(
-            slot=r.slot or 0, tensor=r.name, expected=cmp.canonical(r.expected), expected_stream=r.expected_stream,
+            slot=r.slot or 0, tensor=r.name, expected=r.identity.canonical, expected_stream=r.expected_stream,
             identified_as=r.holds, identified_stream=r.holds_stream,
             token_rel_diff=float(f"{r.metrics.token_rel_diff:.4g}") if r.metrics else None,
             confidence=None if not r.ident or r.ident.confidence is None else float(f"{min(r.ident.confidence, 1e12):.4g}"),
@@ -101,7 +101,7 @@ def similarity(cmp: Comparison) -> SimilarityMatrix | None:
     values = [[float(f"{cfp.distance(rn, c, rfp):.4g}") for c in cols] for rn in rows]
     by = {r.name: r for r in slots}
     exp = [_as_col(cmp, by[rn].expected, by[rn].expected_stream, cols) for rn in rows]
-    ident = [_as_col(cmp, by[rn].identified, cmp.stream_of(by[rn].identified), cols) for rn in rows]  # the raw ranking
+    ident = [_as_col(cmp, by[rn].identified, cmp.stream_by_values(by[rn].identified), cols) for rn in rows]  # the raw ranking
     return SimilarityMatrix(rows=rows, cols=cols, values=values, expected=exp, identified=ident,
                             metric="token_rel_diff")
 
