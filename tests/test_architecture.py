@@ -401,8 +401,8 @@ def test_no_sentence_is_built_in_compare_or_dump():
 # -- identity carried, resolved once (issue 38 item 4) -----------------------------------------
 
 NAME_PARSERS = {"parse", "stream_of", "canonical", "spelling", "sort_key", "name_by_values", "stream_by_values"}
-RESULT_NAMES = {"name", "expected", "holds", "held"}
-RESULT_VARS = {"r", "res", "result"}  # what diagnose/ calls a compare.result.Result  # r.name, r.expected, r.ref.name, r.cand.name, r.holds, r.held
+RESULT_NAMES = {"name", "expected", "holds", "held"}  # r.name, r.expected, r.ref.name, r.cand.name, r.holds, r.held
+RESULT_VARS = {"r", "res", "result"}  # what diagnose/ calls a compare.result.Result
 
 
 def _result_name(e: ast.expr) -> bool:

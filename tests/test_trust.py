@@ -17,7 +17,7 @@ import pytest
 from consistency.compare import precision
 from consistency.diagnose import story
 from consistency.diagnose.pipeline import run
-from consistency.dump import dtypes, names
+from consistency.dump import dtypes
 from consistency.dump.reader import open_dump
 from consistency.dump.writer import write_dump
 from consistency.record.api import record_reference

@@ -75,8 +75,9 @@ def prepare(ref: Dump, cand: Dump, tokenizer: Any = None, *,
         al = align(rs, cs, tokenizer)
     gaps = tuple(Note.of("positions_gap", tensor=g.where, first=g.first, last=g.last)
                  for g in list(ref_lay.gaps) + list(cand_lay.gaps))
-    al = replace(al, notes=gaps + al.notes, stitching=MappingProxyType(
-        {side: lay.verify.as_dict() for side, lay in (("reference", ref_lay), ("candidate", cand_lay)) if lay.verify.any}))
+    stitching = {side: lay.verify.as_dict() for side, lay in (("reference", ref_lay), ("candidate", cand_lay))
+                 if lay.verify.any}
+    al = replace(al, notes=gaps + al.notes, stitching=MappingProxyType(stitching))
     if al.method == "none" or _whole(al, ref_lay, cand_lay):
         return ref_v, cand_v, al
     keep = np.ones(al.compared, bool)

@@ -155,7 +155,8 @@ FLOORS: dict[str, Callable[[Mapping[str, Any]], str]] = {
     "floor_threshold": lambda d: f"--threshold {d['floor']:g}",
     "floor_dtype": lambda d: f"{d['dtype']} floor {d['floor']:g}",
     "floor_gap": lambda d: f"neighbour gap {d['gap']:.3g}/{d['divisor']:g}",
-    "floor_storage": lambda d: f"{d['dtype']} storage floor {d['floor']:.2g} (measured {d['measured']:.2g} on these values)",
+    "floor_storage": lambda d: (f"{d['dtype']} storage floor {d['floor']:.2g} (measured {d['measured']:.2g} on "
+                                "these values)"),
 }
 
 
@@ -191,7 +192,8 @@ NOTES: dict[str, Callable[[Mapping[str, Any]], str]] = {
                                   f"values (e.g. {d['tensors'][0]}): judged against the {'/'.join(d['dtypes'])} "
                                   "noise floor"),
     "text": lambda d: str(d["text"]),
-    "declared_twice": lambda d: f"{d['by']} and the contract {d['contract']} declare the same streams {list(d['streams'])}",
+    "declared_twice": lambda d: (f"{d['by']} and the contract {d['contract']} declare the same streams "
+                                 f"{list(d['streams'])}"),
     # the token stage (compare.tokens, compare.prepare, dump.segments)
     "positions_gap": lambda d: f"{d['tensor']}: positions {d['first']}..{d['last']} were not captured (a gap)",
     "request_unmatched": lambda d: f"reference {d['request']} ({d['tokens']} tokens) matches no candidate request",
