@@ -253,12 +253,12 @@ def _align(ref: Side, cand: Side, tokenizer: Any) -> TokenAlignment:
             notes.append(Note.of("request_unmatched", request=ref.labels[rs], tokens=r1 - r0))
     empty = np.zeros(0, np.int64)
     rows = (np.concatenate(rr), np.concatenate(cr)) if rr else (empty, empty)
-    extra = {"context": np.concatenate(ctx), "unknown": np.concatenate(unk)} if rr else {}
+    per_pair = {"context": np.concatenate(ctx), "unknown": np.concatenate(unk)} if rr else {}
     method = methods[0] if len(set(methods)) == 1 else ("mixed" if methods else "none")
     return TokenAlignment(rows[0], rows[1], len(ref.ids), len(cand.ids), method, extra=tuple(out.extra),
                           missing=tuple(out.missing), replaced=tuple(out.replaced), not_captured=out.not_captured,
                           uncaptured=tuple(out.uncaptured), ref_uncaptured=tuple(out.ref_uncaptured),
-                          notes=tuple(notes), **extra)
+                          notes=tuple(notes), **per_pair)
 
 
 def _pos(side: Side, row: int, seg: int) -> int:
