@@ -287,3 +287,185 @@ def test_every_report_link_points_at_a_page_that_exists():
     md = markdown_summary({"verdict": "fail", "checks": [{"kind": "lint", "name": "draft", "verdict": "fail", "cases": [
         {"status": "failed", "name": rule.code, "message": "m", "doc": rule.doc}]}]})
     assert f"({published(rule.doc)})" in md and f"({rule.doc})" not in md
+
+
+# -- words only in diagnose/ (issue 38 item 2) -------------------------------------------------
+
+# Places in compare/ and dump/ that may still build a sentence, each with why. An entry is a
+# path (a folder ends with "/") or "path::function"; the list only shrinks.
+SENTENCES_ALLOWED: dict[str, str] = {
+    "consistency/dump/formats/": "a foreign format reader's notes are the converted dump's own metadata "
+                                 "(metadata.extra['notes'], written into the file by `convert` and read back from "
+                                 "it): text stored with the data, quoted as the file's words (Note 'file_note')",
+    "consistency/dump/sniff.py::looks_like": "what a file that is not a dump looks like, for the one-line InputError "
+                                             "(exit code 2) reader.py raises with it",
+    "consistency/dump/sniff.py::read_names": "the formats consistency reads, for the same InputError line",
+    "consistency/dump/ptzip.py::_not_zip": "why a .pt file is refused, raised as an InputError by its one caller",
+    "consistency/dump/writer.py::name_problem": "why a tensor name cannot be written: the caller raises it "
+                                                "(UsageError / InputError at the recorder's door)",
+    "consistency/dump/writer.py::dump_name_problem": "why a dump path cannot be written, raised by its callers",
+    "consistency/dump/stages.py::StagedDump._from_nodes": "the tail of the InputError lines a rank merge raises",
+    "consistency/dump/layout.py::Layout": "a metadata field's description in the JSON Schema (the file format's "
+                                          "documentation, not a verdict)",
+}
+# Calls whose string arguments end up only in an error line (never in a report's notes).
+ERROR_SINKS = {"charge": "dump/budget.py's memory budget names what it charges in its InputError line"}
+
+
+_FLAG = __import__("re").compile(r"(?:^|[\s(])--[a-z][a-z-]+")  # a CLI flag: the API caller has none
+
+
+def _plain_words(text: str) -> int:
+    """Words of English in a string: letters only (``input_ids``, ``aux.{i}``, ``{x}`` are not)."""
+    import re
+
+    return sum(bool(re.fullmatch(r"[A-Za-z][a-z']+", w.strip("()[],;:.!?\"'`"))) for w in text.split())
+
+
+def _sentences(tree: ast.AST) -> list[tuple[int, str, str]]:
+    """(line, enclosing function, text) of each sentence (three or more words, or a CLI
+    flag) a module builds outside a docstring, an error (``raise``, ``assert``, ``SomeError(...)``,
+    a name the function raises, an :data:`ERROR_SINKS` call) and a comparison."""
+    parents: dict[int, ast.AST] = {}
+    for node in ast.walk(tree):
+        for child in ast.iter_child_nodes(node):
+            parents[id(child)] = node
+    skip: set[int] = set()
+
+    def mark(n: ast.AST) -> None:
+        skip.update(id(m) for m in ast.walk(n))
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
+            mark(node)  # a docstring
+        elif isinstance(node, (ast.Raise, ast.Assert, ast.Compare)):
+            mark(node)
+        elif isinstance(node, ast.Call):
+            f = node.func
+            name = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
+            if name.endswith(("Error", "Exception", "Warning")) or name == "warn" or name in ERROR_SINKS:
+                mark(node)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            raised = {n.id for r in ast.walk(node) if isinstance(r, ast.Raise) for n in ast.walk(r)
+                      if isinstance(n, ast.Name)}
+            for a in ast.walk(node):  # ``what = "..."; raise InputError(p, f"... {what}")``
+                if isinstance(a, ast.Assign) and any(isinstance(t, ast.Name) and t.id in raised for t in a.targets):
+                    mark(a.value)
+        elif isinstance(node, ast.JoinedStr):
+            skip.update(id(v) for v in node.values)  # an f-string's parts: the whole is judged
+
+    def where(n: ast.AST) -> str:
+        path: list[str] = []
+        while id(n) in parents:
+            n = parents[id(n)]
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                path.append(n.name)
+        return ".".join(reversed(path))
+
+    out = []
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            text = node.value
+        elif isinstance(node, ast.JoinedStr):
+            text = "".join(v.value if isinstance(v, ast.Constant) else "{}" for v in node.values)
+        else:
+            continue
+        if _plain_words(text) >= 3 or _FLAG.search(text):
+            out.append((node.lineno, where(node), text))
+    return out
+
+
+def _sentences_in(files: list[Path]) -> tuple[list[str], set[str]]:
+    """(sentences not allowed, allow-list entries that allowed one)."""
+    bad, used = [], set()
+    for f in files:
+        rel = f.relative_to(ROOT).as_posix()
+        folder = next((k for k in SENTENCES_ALLOWED if k.endswith("/") and rel.startswith(k)), None)
+        for line, fn, text in _sentences(ast.parse(f.read_text(), rel)):
+            key = folder or f"{rel}::{fn}"
+            if key in SENTENCES_ALLOWED:
+                used.add(key)
+            else:
+                bad.append(f"{rel}:{line} ({fn or 'module'}): {text[:90]!r}")
+    return bad, used
+
+
+def test_no_sentence_is_built_in_compare_or_dump():
+    """Words only in diagnose/: a compare or dump stage says what it found as data (a
+    ``Note`` with a key and the facts, a ``Gap``, a key such as ``Verdict.skipped``), and
+    diagnose/words.py words it, so one fact reads the same in every report and the API is
+    never told about a CLI flag by the layer below. Error lines for bad input (an InputError,
+    a UsageError, exit code 2) are not a verdict's words and stay where they are raised."""
+    src = ("x = 1\nnotes = []\ndef f(p):\n    what = 'is not a dump at all'\n"
+           "    if p:\n        raise ValueError(f'{p} {what}')\n    notes.append(f'kept only the {p} tokens')\n"
+           "    return 'a b c' == p\n")
+    assert [(ln, fn) for ln, fn, _t in _sentences(ast.parse(src))] == [(7, "f")]  # the note, not the error
+    assert [ln for ln, _f, _t in _sentences(ast.parse("why = f'--threshold {x:g}'"))] == [1]
+    files = sorted((PKG / "compare").rglob("*.py")) + sorted((PKG / "dump").rglob("*.py"))
+    bad, used = _sentences_in(files)
+    assert set(SENTENCES_ALLOWED) == used, f"stale allow-list entries: {sorted(set(SENTENCES_ALLOWED) - used)}"
+    assert bad == [], "sentences built in compare/ or dump/ (return a Note and word it in diagnose/words.py):\n" \
+        + "\n".join(bad)
+
+
+# -- identity carried, resolved once (issue 38 item 4) -----------------------------------------
+
+NAME_PARSERS = {"parse", "stream_of", "canonical", "spelling", "sort_key", "name_by_values", "stream_by_values"}
+RESULT_NAMES = {"name", "expected", "holds", "held"}  # r.name, r.expected, r.ref.name, r.cand.name, r.holds, r.held
+RESULT_VARS = {"r", "res", "result"}  # what diagnose/ calls a compare.result.Result
+
+
+def _result_name(e: ast.expr) -> bool:
+    """``r.name``, ``r.expected``, ``r.ref.name``, ``r.cand.name``, ``r.holds`` (``r`` one of
+    :data:`RESULT_VARS`): one result's own names, which the plan resolved into ``r.identity``. Names of other
+    tensors (``r.ident.best.name``: what identification ranked; a finding's tensor) are not."""
+    if not isinstance(e, ast.Attribute) or e.attr not in RESULT_NAMES:
+        return False
+    v = e.value
+    if isinstance(v, ast.Name):
+        return v.id in RESULT_VARS
+    return isinstance(v, ast.Attribute) and v.attr in ("ref", "cand") and isinstance(v.value, ast.Name) \
+        and v.value.id in RESULT_VARS and e.attr == "name"
+
+
+def _reparsed(tree: ast.AST) -> list[tuple[int, str]]:
+    out = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call) or not node.args:
+            continue
+        f = node.func
+        name = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
+        arg = node.args[0]
+        arg = arg.values[0] if isinstance(arg, ast.BoolOp) else arg  # ``names.parse(r.ref.name or "")``
+        if name in NAME_PARSERS and _result_name(arg):
+            out.append((node.lineno, ast.unparse(node)))
+    return out
+
+
+def test_diagnose_reads_identity_never_reparses_result_names():
+    """The plan parses each entry's names once (``compare.plan.identity``: the candidate's
+    kind and index, the expected tensor's, and what it is by the reference's values) and
+    every result carries it as ``r.identity``; diagnose/ reads it. Parsing ``r.name`` or
+    ``r.ref.name`` again (``names.parse``, ``stream_of``, ``name_by_values``, ...) is how
+    diagnose once called ``canonical`` 15 times and parsed names 30 times."""
+    src = "def f(r, cmp):\n    a = names.parse(r.name).kind\n    b = cmp.name_by_values(r.ref.name or '')\n" \
+          "    c = names.parse(r.ident.best.name)\n    d = r.identity.kind\n    e = names.parse(x.name)\n"
+    assert sorted(ln for ln, _c in _reparsed(ast.parse(src))) == [2, 3]
+    bad = [f"{f.relative_to(ROOT)}:{ln}: {call}" for f in sorted((PKG / "diagnose").rglob("*.py"))
+           for ln, call in _reparsed(ast.parse(f.read_text(), str(f)))]
+    assert bad == [], "diagnose/ re-derives a result's identity (read r.identity):\n" + "\n".join(bad)
+
+
+def test_one_meaning_per_word():
+    """``canonical`` and ``stream_of`` are dump/names.py's, by the name (``hidden.01`` is
+    ``hidden.1``; ``hidden.3`` is stream 3). What a reference tensor is by its values is
+    ``name_by_values`` / ``stream_by_values`` (compare/refslots.py); no other module defines
+    a function of either word."""
+    defs: dict[str, list[str]] = defaultdict(list)
+    for f in PKG.rglob("*.py"):
+        for node in ast.walk(ast.parse(f.read_text(), str(f))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name in ("canonical", "stream_of"):
+                defs[node.name].append(f.relative_to(ROOT).as_posix())
+    assert dict(defs) == {"canonical": ["consistency/dump/names.py"], "stream_of": ["consistency/dump/names.py"]}

@@ -16,8 +16,8 @@ import pytest
 
 from consistency.compare import precision
 from consistency.diagnose import story
+from consistency.dump import dtypes
 from consistency.pipeline.compare import compare as run
-from consistency.dump import dtypes, names
 from consistency.dump.reader import open_dump
 from consistency.dump.writer import write_dump
 from consistency.record.api import record_reference
@@ -70,7 +70,9 @@ def test_story_in_the_reference_slots_table(expected, actual, code, shift):
     (5, None, True, "stream 5"),
 ])
 def test_one_function_puts_a_stream_into_words(s, n, first, words):
-    assert names.stream_words(s, n, first) == words
+    from consistency.diagnose.words import stream_words
+
+    assert stream_words(s, n, first) == words
 
 
 def _gauss(shape=(64, 256), seed=0):
@@ -354,8 +356,10 @@ def test_assignment_table(options, want):
 def test_floor_table(rule, threshold, dtypes_, gap, floor, source):
     from consistency.compare.tolerance import ToleranceModel, parse_rules
 
+    from consistency.diagnose import words
+
     f, why = ToleranceModel(parse_rules(rule), floor_override=threshold).floor("aux.1", *dtypes_, gap)
-    assert f == pytest.approx(floor) and why.startswith(source)
+    assert f == pytest.approx(floor) and words.floor(why).startswith(source)
 
 
 def _judge_case(kind: str) -> tuple[np.ndarray, np.ndarray]:

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from consistency.compare import identify, precision
+from consistency.compare import identify, precision, refslots
 from consistency.compare.tolerance import ToleranceModel
 from consistency.compare.types import Note, Pair, Plan
-from consistency.dump import names
 from consistency.dump.reader import Dump, TensorView
 
 Shape = tuple[int, int]
@@ -56,43 +55,26 @@ class Context:
             return self.ref.tensors[name]
         return next((v for v in self.plan.ref.slots.values() if v.name == name), None)
 
-    def canonical(self, ref_name: str | None) -> str | None:
-        """The meaningful name of a reference tensor: a reference slot whose values equal
-        ``hidden.3`` is ``hidden.3`` (decided by compare.refslots, never by a claim)."""
-        if ref_name is None:
-            return None
-        n = names.parse(ref_name)
-        if n.kind == names.AUX and n.index is not None:
-            rs = next((s for s in self.plan.ref_slots if s.index == n.index and s.view.name == ref_name), None)
-            if rs is not None and rs.values is not None:
-                return rs.values
-        return ref_name
+    def name_by_values(self, ref_name: str | None) -> str | None:
+        """What a reference tensor is by its values (compare.refslots.name_by_values): for
+        tensors identification ranked; a result's own expected tensor is ``r.identity``."""
+        return refslots.name_by_values(self.plan.ref_slots, ref_name)
 
-    def stream_of(self, ref_name: str | None) -> int | None:
-        """Stream a reference name stands for (``aux.i`` through what the reference slot is)."""
-        if ref_name is None:
-            return None
-        s = names.stream_of(ref_name)
-        if s is not None:
-            return s
-        n = names.parse(ref_name)
-        if n.kind == names.AUX and n.index is not None:
-            rs = next((s for s in self.plan.ref_slots if s.index == n.index), None)
-            if rs is not None and rs.meaning is not None and not rs.meaning.post_norm:
-                return rs.meaning.stream
-        return None
+    def stream_by_values(self, ref_name: str | None) -> int | None:
+        """The stream a reference tensor stands for (compare.refslots.stream_by_values)."""
+        return refslots.stream_by_values(self.plan.ref_slots, ref_name)
 
     def recorded_streams(self, shape: Shape) -> frozenset[int]:
         """Streams the reference records at this shape (computed once per shape: a dump of
         30,000 tensors must not re-scan every name once per tensor)."""
         if shape not in self._streams:
             fp = self.ref_fp.get(shape)
-            got = (self.stream_of(n) for n in (fp.names if fp is not None else []))
+            got = (self.stream_by_values(n) for n in (fp.names if fp is not None else []))
             self._streams[shape] = frozenset(x for x in got if x is not None)
         return self._streams[shape]
 
     def noise_floor(self, name: str, ref: TensorView | None, cand: TensorView, gap: float | None = None,
-                    user: bool = True) -> tuple[float, str]:
+                    user: bool = True) -> tuple[float, Note]:
         """The pair's floor: user rules first (unless ``user`` is False: identity is judged
         against noise, never against a tolerance), else the dtype floor of the precision
         the values really carry; a float8 side earns a floor measured on these values."""
@@ -112,7 +94,6 @@ class Context:
             return tol.floor(name, dr, dc, gap)
         measured = precision.storage_floor(sample, narrow[0])
         f = max(compute, measured)
-        why = f"{narrow[0]} storage floor {f:.2g} (measured {measured / precision.STORAGE_MARGIN:.2g} on these values)"
         if gap is not None and gap > 0 and gap / 10 < f:
-            return gap / 10, f"neighbour gap {gap:.3g}/10"
-        return f, why
+            return gap / 10, Note.of("floor_gap", gap=gap, divisor=10.0)
+        return f, Note.of("floor_storage", dtype=narrow[0], floor=f, measured=measured / precision.STORAGE_MARGIN)

@@ -32,7 +32,7 @@ class Comparison(Context):
     results: tuple[Result, ...] = ()
     seconds: float = 0.0
 
-    def pair_floor(self, r: Result, gap: float | None = None, user: bool = True) -> tuple[float, str]:
+    def pair_floor(self, r: Result, gap: float | None = None, user: bool = True) -> tuple[float, Note]:
         """The noise floor of one result's pair (Context.noise_floor)."""
         return self.noise_floor(r.name, r.ref, r.cand, gap, user)
 

@@ -19,6 +19,7 @@ from consistency.compare.context import Context, key
 from consistency.compare.metrics import PairMetrics, exact_compare
 from consistency.compare.result import (CLEAR_BEST_RATIO, DRIFT_TOKEN_CAP, DRIFT_WITHOUT_GAP, MATCH_FACTOR,
                                         MAX_BAD_FRACTION, TOKEN_FACTOR, ProgressFactory)
+from consistency.compare.tolerance import USER_FLOORS
 from consistency.compare.types import Entry, Rows, Status, Verdict
 from consistency.dump.reader import TensorView
 
@@ -40,7 +41,7 @@ def precheck(e: Entry, rw: Rows) -> Verdict | None:
     if (cv.rows, cv.cols) != (rv.rows, rv.cols):
         return Verdict(Status.shape)
     if not (cv.is_float and rv.is_float) and max(cv.numel, rv.numel) * 8 > MAX_EXACT_BYTES:
-        return Verdict(Status.skipped, skipped="integer tensor too large to compare exactly")
+        return Verdict(Status.skipped, skipped="int_too_large")
     return None
 
 
@@ -86,7 +87,7 @@ def judge(ctx: Context, e: Entry, rw: Rows, pre: Verdict | None, m: PairMetrics 
     gap = ident.gap if ident else None
     floor, floor_why = ctx.noise_floor(e.name, rw.ref, rw.cand, gap)
     noise = ctx.noise_floor(e.name, rw.ref, rw.cand, gap, user=False)[0]
-    user = floor_why.startswith(("rule ", "--threshold"))
+    user = floor_why.key in USER_FLOORS
     d = m.token_rel_diff
     ident_ok = ident is None or ident.best is None or rw.ref.name in ident.group \
         or ident.best.name == rw.ref.name \
@@ -126,12 +127,12 @@ def _with_holds(ctx: Context, e: Entry, rw: Rows, v: Verdict, ident: identify.Id
         raw = best if v.matched else None
     if raw is None:
         return v
-    stream = ctx.stream_of(raw)
+    stream = ctx.stream_by_values(raw)
     if stream is None and rw.ref is not None and raw == rw.ref.name and not e.expect.post_norm:
         stream = e.expect.stream  # the expected tensor itself, whose stream the plan knows
     from dataclasses import replace
 
-    return replace(v, holds=ctx.canonical(raw), holds_stream=stream, held=raw)
+    return replace(v, holds=ctx.name_by_values(raw), holds_stream=stream, held=raw)
 
 
 def _matches_something(ctx: Context, cand: TensorView, ident: identify.Identification | None) -> bool:

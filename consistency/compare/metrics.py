@@ -270,14 +270,6 @@ class PairMetrics:
                      first_nonfinite_cand=_unravel(self.first_nonfinite_cand, shape))
         return d
 
-    def mismatch_sentence(self, shape: tuple[int, ...] | None = None) -> str:
-        """torch.testing-style: how many elements, how far, where."""
-        pct = 100.0 * self.mismatched / self.numel if self.numel else 0.0
-        at = _unravel(self.max_abs_at, shape)
-        return (f"Mismatched elements: {self.mismatched} / {self.numel} ({pct:.1f}%); greatest absolute difference "
-                f"{self.max_abs_diff:.3g} at index {tuple(at) if at is not None else '?'} "
-                f"(reference {self.max_ref:.4g}, candidate {self.max_cand:.4g})")
-
 
 def _r(v: float) -> float | None:
     if v is None or not math.isfinite(v):

@@ -9,9 +9,11 @@ what only the candidate has is ``extra``; reference kinds the candidate never re
 from __future__ import annotations
 
 from consistency.compare import expect
-from consistency.compare.refslots import meaning_of
-from consistency.compare.types import (Conflict, Declared, Entry, Expectation, Note, Pair, Plan, RefSlot, SideFacts,
-                                       Source)
+from dataclasses import replace
+
+from consistency.compare.refslots import meaning_of, name_by_values, stream_by_values
+from consistency.compare.types import (Conflict, Declared, Entry, Expectation, Identity, Note, Pair, Plan, RefSlot,
+                                       SideFacts, Source)
 from consistency.contract.models import Recycle
 from consistency.dump import names
 from consistency.dump.reader import Dump
@@ -73,8 +75,21 @@ def build(dumps: Pair[Dump], sides: Pair[SideFacts], ref_slots: tuple[RefSlot, .
         if d.metadata and isinstance(d.metadata.extra.get("notes"), list):
             notes += [Note.of("file_note", file=d.path.name, text=x) for x in d.metadata.extra["notes"]
                       if isinstance(x, str)]
+    entries = [replace(e, identity=identity(e, ref_slots)) for e in entries]
     return Plan(sides, ref_slots, tuple(entries), tuple(missing), tuple(extra), tuple(not_compared), consumer,
                 csource, n_layers, tuple(conflicts), tuple(notes))
+
+
+def identity(e: Entry, ref_slots: tuple[RefSlot, ...]) -> Identity:
+    """The entry's names resolved once: its own kind and index, the expected tensor's, and
+    what that tensor is by the reference's values (every later stage reads these)."""
+    own, exp = names.parse(e.name), e.expect.tensor
+    canon = name_by_values(ref_slots, exp)
+    want = names.parse(exp) if exp is not None else None
+    held = names.parse(canon) if canon is not None else None
+    return Identity(e.name, own.kind, own.index, exp, want.kind if want else None, want.index if want else None,
+                    canon, held.kind if held else None, held.index if held else None,
+                    stream_by_values(ref_slots, exp), e.expect.stream, e.expect.post_norm)
 
 
 def _own_steps(cand: Dump, ref: Dump, consumer: object | None) -> list[str]:

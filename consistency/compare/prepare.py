@@ -27,12 +27,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import replace
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
 
 from consistency.compare.tokenizer import load_tokenizer
 from consistency.compare.tokens import Side, TokenAlignment, align
+from consistency.compare.types import Note
 from consistency.dump import names
 from consistency.dump.reader import Dump, TensorView
 from consistency.dump.rows import ViewDump, restrict
@@ -71,9 +73,11 @@ def prepare(ref: Dump, cand: Dump, tokenizer: Any = None, *,
         al = _without_ids(ref_lay, cand_lay)
     else:
         al = align(rs, cs, tokenizer)
-    al.notes = ref_lay.notes + cand_lay.notes + al.notes
-    al.stitching = {side: lay.verify.as_dict() for side, lay in (("reference", ref_lay), ("candidate", cand_lay))
-                    if lay.verify.any}
+    gaps = tuple(Note.of("positions_gap", tensor=g.where, first=g.first, last=g.last)
+                 for g in list(ref_lay.gaps) + list(cand_lay.gaps))
+    stitching = {side: lay.verify.as_dict() for side, lay in (("reference", ref_lay), ("candidate", cand_lay))
+                 if lay.verify.any}
+    al = replace(al, notes=gaps + al.notes, stitching=MappingProxyType(stitching))
     if al.method == "none" or _whole(al, ref_lay, cand_lay):
         return ref_v, cand_v, al
     keep = np.ones(al.compared, bool)
@@ -81,9 +85,8 @@ def prepare(ref: Dump, cand: Dump, tokenizer: Any = None, *,
     if same_context_only and al.context_differs and int((~al.context | unknown).sum()) < al.compared \
             and al.same_context_rows:
         keep = ~al.context | unknown  # tokens whose context is unproven are compared: their values decide
-        al.only_same_context = not unknown.any()
-        al.notes.append(f"compared only the {int(keep.sum())} tokens whose context is the same on both sides"
-                        + (" or unproven" if unknown.any() else ""))
+        al = replace(al, only_same_context=not unknown.any(), notes=al.notes + (
+            Note.of("same_context_only", kept=int(keep.sum()), unproven=bool(unknown.any())),))
     ref_out = restrict(ref_v, al.ref_rows[keep], ref_lay.tokens, "aligned tokens")
     cand_out = restrict(cand_v, al.cand_rows[keep], cand_lay.tokens, "aligned tokens")
     return ref_out, cand_out, al
@@ -121,16 +124,14 @@ def context_by_values(al: TokenAlignment, results: Iterable[Any]) -> TokenAlignm
     starts = [s for s in al.missing if s.where in ("start", "whole")]
     fronts = [s for s in al.extra if s.where == "start"]  # the reference lacks them (it is the serving capture)
     out = replace(al, context=al.context & ~unknown, unknown=np.zeros_like(unknown),
-                  missing=[s for s in al.missing if s not in starts], uncaptured=al.uncaptured + starts,
+                  missing=tuple(s for s in al.missing if s not in starts), uncaptured=al.uncaptured + tuple(starts),
                   not_captured=al.not_captured + sum(s.length for s in starts),
-                  extra=[s for s in al.extra if s not in fronts], ref_uncaptured=al.ref_uncaptured + fronts,
-                  cached_by_values=sum(s.length for s in starts + fronts), notes=list(al.notes), prefix_values="same")
-    shown = ", ".join(sorted({str(r.name) for r in proof})[:4])
+                  extra=tuple(s for s in al.extra if s not in fronts), ref_uncaptured=al.ref_uncaptured + tuple(fronts),
+                  cached_by_values=sum(s.length for s in starts + fronts), prefix_values="same")
+    shown = tuple(sorted({str(r.name) for r in proof})[:4])
     who = "reference" if fronts and not starts else "candidate"
-    out.notes.append(f"the {who} records no positions (or only declares them); its states equal the other side's at the same tokens "
-                     f"within noise ({shown}), so they saw the same context"
-                     + (": a prefix-cache hit" if starts or fronts else ""))
-    return out
+    return replace(out, notes=out.notes + (Note.of("context_by_values", side=who, shown=shown,
+                                                   cached=bool(starts or fronts)),))
 
 
 def _context_dependent(r: Any) -> bool:
@@ -164,15 +165,11 @@ def _without_ids(ref_lay: Layout, cand_lay: Layout) -> TokenAlignment:
     if ref_lay.positions is not None and cand_lay.positions is not None and \
             len(ref_lay.segments) == 1 and len(cand_lay.segments) == 1:
         common, ir, ic = np.intersect1d(ref_lay.positions, cand_lay.positions, return_indices=True)
-        al = TokenAlignment(ir.astype(np.int64), ic.astype(np.int64), n_r, n_c, "positions" if len(common) else "none")
-        al.context, al.ids_checked = np.zeros(len(common), bool), False
-        al.notes.append("no input_ids on one side: tokens paired by position, their ids unchecked")
-        return al
+        return TokenAlignment(ir.astype(np.int64), ic.astype(np.int64), n_r, n_c,
+                              "positions" if len(common) else "none", context=np.zeros(len(common), bool),
+                              ids_checked=False, notes=(Note.of("no_ids_by_position"),))
     if n_r == n_c:
-        al = TokenAlignment(np.arange(n_r), np.arange(n_c), n_r, n_c, "rows")
-        al.context, al.ids_checked = np.zeros(n_r, bool), False
-        al.notes.append("no input_ids on one side: rows paired in order, their ids unchecked")
-        return al
-    al = TokenAlignment(empty, empty, n_r, n_c, "none", ids_checked=False)
-    al.notes.append(f"no input_ids on one side and {n_r} vs {n_c} tokens: the tokens could not be aligned")
-    return al
+        return TokenAlignment(np.arange(n_r), np.arange(n_c), n_r, n_c, "rows", context=np.zeros(n_r, bool),
+                              ids_checked=False, notes=(Note.of("no_ids_by_rows"),))
+    return TokenAlignment(empty, empty, n_r, n_c, "none", ids_checked=False,
+                          notes=(Note.of("no_ids_unaligned", ref_tokens=n_r, cand_tokens=n_c),))

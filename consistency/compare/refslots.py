@@ -9,6 +9,8 @@ compare them with) does the reference's claim stand.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from consistency.compare import identify
@@ -90,3 +92,33 @@ def _most_rows_equal(fp: identify.Fingerprints, a: str, b: str, floor: float) ->
     per_row = np.divide(np.einsum("ij,ij->i", d, d), den, out=np.zeros(len(den)), where=den > 0)
     return bool(per_row.size) and median(per_row) <= floor and \
         float(np.mean(per_row <= floor)) >= 1 - MAX_BAD_FRACTION
+
+
+def name_by_values(ref_slots: Sequence[RefSlot], ref_name: str | None) -> str | None:
+    """What a reference tensor is by its values: a reference slot whose values equal
+    ``hidden.3`` is ``hidden.3`` (decided by :func:`identify_slots`, never by a claim); any
+    other name is itself. (``dump.names.canonical`` is another thing: a name's spelling.)"""
+    if ref_name is None:
+        return None
+    n = names.parse(ref_name)
+    if n.kind == names.AUX and n.index is not None:
+        rs = next((s for s in ref_slots if s.index == n.index and s.view.name == ref_name), None)
+        if rs is not None and rs.values is not None:
+            return rs.values
+    return ref_name
+
+
+def stream_by_values(ref_slots: Sequence[RefSlot], ref_name: str | None) -> int | None:
+    """The pre-norm stream a reference tensor stands for: by its name (``hidden.3``), else,
+    for ``aux.i``, by what the reference slot is (its values, else its claim)."""
+    if ref_name is None:
+        return None
+    s = names.stream_of(ref_name)
+    if s is not None:
+        return s
+    n = names.parse(ref_name)
+    if n.kind == names.AUX and n.index is not None:
+        rs = next((s for s in ref_slots if s.index == n.index), None)
+        if rs is not None and rs.meaning is not None and not rs.meaning.post_norm:
+            return rs.meaning.stream
+    return None

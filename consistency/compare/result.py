@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 from consistency.compare import identify
 from consistency.compare.metrics import PairMetrics
-from consistency.compare.types import Entry, Expectation, RowPairing, Rows, Status, StepHeld, Verdict
+from consistency.compare.tolerance import USER_FLOORS
+from consistency.compare.types import Entry, Expectation, Identity, Note, RowPairing, Rows, Status, StepHeld, Verdict
 from consistency.dump.reader import TensorView
 
 DRIFT_WITHOUT_GAP = 10.0  # drift (the same tensor, with error) stays within 10x the floor
@@ -71,6 +72,12 @@ class Result:
         return self.entry.expect.post_norm
 
     @property
+    def identity(self) -> Identity:
+        """Who this tensor is and what it should be, resolved once by the plan."""
+        assert self.entry.identity is not None, "an Entry reaches a Result through compare.plan.build"
+        return self.entry.identity
+
+    @property
     def why(self) -> str:
         return self.entry.expect.reason
 
@@ -97,8 +104,13 @@ class Result:
         return self.verdict.floor
 
     @property
-    def floor_why(self) -> str:
+    def floor_why(self) -> Note | None:
         return self.verdict.floor_why
+
+    @property
+    def floor_user(self) -> bool:
+        """The floor is the user's (a ``--tolerance`` rule or a threshold), not noise."""
+        return self.verdict.floor_why is not None and self.verdict.floor_why.key in USER_FLOORS
 
     @property
     def bad_tokens(self) -> list[int]:

@@ -131,7 +131,7 @@ def describe_pair(ref: Dump, cand: Dump, width_hint: int | None, n_hint: int | N
     return Pair(rs, cs)
 
 
-def combine_declared(by_ids: Declared, by_contract: Declared, contract_name: str) -> tuple[Declared, list[str]]:
+def combine_declared(by_ids: Declared, by_contract: Declared, contract_name: str) -> tuple[Declared, list[Note]]:
     """Two declarations of the reference (``--contract`` and ``--ref-layer-ids``): one
     declaration when they name the same streams (the contract's, which carries norm states),
     a usage error when they do not. Dropping either silently would let the user believe
@@ -145,4 +145,4 @@ def combine_declared(by_ids: Declared, by_contract: Declared, contract_name: str
     if mine != theirs:
         raise UsageError(f"{by_ids.origin} declares reference streams {mine} but the contract {contract_name} "
                          f"declares {theirs}: two declarations of one reference disagree; give one of them")
-    return by_contract, [f"{by_ids.origin} and the contract {contract_name} declare the same streams {mine}"]
+    return by_contract, [Note.of("declared_twice", by=by_ids.origin, contract=contract_name, streams=tuple(mine))]

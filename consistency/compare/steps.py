@@ -64,10 +64,10 @@ def resolve(ctx: Context, rows: dict[str, Rows]) -> dict[str, StepHeld]:
     cand_spec = declared_consumer(ctx.cand)
     claimed = cand_spec.recycle if cand_spec is not None and cand_spec.recycle in RULES else None
     for e in ctx.plan.entries:
-        n = names.parse(e.name)
+        n = e.identity  # the plan parsed the name (compare.plan.identity)
         rw = rows[e.name]
         cv = rw.cand
-        if n.kind != names.RECYCLE or not n.index or not cv.is_float or cv.rows == 0:
+        if n is None or n.kind != names.RECYCLE or not n.index or not cv.is_float or cv.rows == 0:
             continue
         k = n.index
         idx = sample_index(cv.rows, min(cv.rows, SAMPLE_ROWS))

@@ -23,15 +23,18 @@ a suffix capture whose positions continue the reference's has the same context.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
 
 from consistency.compare.matching import MIN_BLOCK, match  # noqa: F401 - re-exported (replay, bench, tests)
+from consistency.compare.types import Note
 
 
-@dataclass
+@dataclass(frozen=True)
 class Span:
     """Tokens on one side with no counterpart on the other."""
 
@@ -43,14 +46,14 @@ class Span:
     ids: list[int]
     positions: list[int] | None = None
     text: str | None = None  # decoded, when a tokenizer is at hand (untrusted: escape when shown)
-    special: list[str] = field(default_factory=list)  # names of special tokens in the span
+    special: tuple[str, ...] = ()  # names of special tokens in the span
 
     @property
     def length(self) -> int:
         return self.stop - self.start
 
 
-@dataclass
+@dataclass(frozen=True)
 class Replacement:
     """Both sides hold other tokens at the same place: a sampled continuation (at the end),
     an edit (in the middle), another preamble (at the start). Neither span is compared."""
@@ -63,25 +66,29 @@ class Replacement:
         return self.cand.where if self.cand.where == self.ref.where else self.ref.where
 
 
-@dataclass
+@dataclass(frozen=True, eq=False)
 class TokenAlignment:
+    """The token stage's value: frozen, so a later stage (prepare's restriction, the values'
+    verdict on an unproven prefix) returns a new one (``dataclasses.replace``), never edits
+    this one. What the stage assumed is data (:class:`Note`); diagnose words it."""
+
     ref_rows: np.ndarray  # aligned pairs: reference row i <-> candidate row j
     cand_rows: np.ndarray
     ref_tokens: int
     cand_tokens: int
     method: str  # identical, offset, diff, positions, rows, none
-    extra: list[Span] = field(default_factory=list)  # candidate tokens the reference lacks
-    missing: list[Span] = field(default_factory=list)  # reference tokens the candidate lacks
-    replaced: list[Replacement] = field(default_factory=list)  # both sides differ at one place
+    extra: tuple[Span, ...] = ()  # candidate tokens the reference lacks
+    missing: tuple[Span, ...] = ()  # reference tokens the candidate lacks
+    replaced: tuple[Replacement, ...] = ()  # both sides differ at one place
     context: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))  # per pair: context differs
     unknown: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))  # per pair: context unproven (no positions)
     not_captured: int = 0  # reference tokens the candidate had in its context but did not record
-    uncaptured: list[Span] = field(default_factory=list)  # those tokens: a prefix cache, a gap its positions jump
+    uncaptured: tuple[Span, ...] = ()  # those tokens: a prefix cache, a gap its positions jump
     cached_by_values: int = 0  # of them, tokens only the values proved cached (a capture without positions)
-    ref_uncaptured: list[Span] = field(default_factory=list)  # candidate tokens in the reference's context, not recorded
+    ref_uncaptured: tuple[Span, ...] = ()  # candidate tokens in the reference's context, not recorded
     prefix_values: str = ""  # unproven contexts after the values were read: "same", "differ" ("": not read)
-    stitching: dict[str, Any] = field(default_factory=dict)  # side -> what stitching did (verify passes)
-    notes: list[str] = field(default_factory=list)
+    stitching: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))  # side -> what stitching did
+    notes: tuple[Note, ...] = ()  # what the stage did or assumed (diagnose.words.note words each)
     ids_checked: bool = True  # False when one side had no input_ids (paired by position or row)
     only_same_context: bool = False  # prepare(same_context_only=True) kept only same-context tokens
 
@@ -99,13 +106,16 @@ class TokenAlignment:
         return int((~self.context).sum())
 
     def summary(self) -> dict[str, Any]:
+        """The alignment as JSON data; ``notes`` are the Notes as data (the report puts its
+        worded ones in their place)."""
         return {"method": self.method, "reference_tokens": self.ref_tokens, "candidate_tokens": self.cand_tokens,
                 "compared": self.compared, "same_context": self.same_context_rows,
                 "context_differs": self.context_differs, "not_captured": self.not_captured,
                 "not_captured_spans": [_span_json(s) for s in self.uncaptured],
                 "cached_by_values": self.cached_by_values,
                 "reference_not_captured_spans": [_span_json(s) for s in self.ref_uncaptured],
-                "ids_checked": self.ids_checked, "notes": list(self.notes),
+                "ids_checked": self.ids_checked,
+                "notes": [{"key": n.key, **dict(n.data)} for n in self.notes],
                 "extra": [_span_json(s) for s in self.extra], "missing": [_span_json(s) for s in self.missing],
                 "replaced": [{"where": r.where, "reference": _span_json(r.ref), "candidate": _span_json(r.cand)}
                              for r in self.replaced],
@@ -115,7 +125,7 @@ class TokenAlignment:
 def _span_json(s: Span) -> dict[str, Any]:
     return {"side": s.side, "segment": s.segment, "start": s.start, "stop": s.stop, "where": s.where,
             "ids": s.ids[:64], "positions": (s.positions or [])[:1] + (s.positions or [])[-1:], "text": s.text,
-            "special": s.special}
+            "special": list(s.special)}
 
 
 # -- alignment of stitched sides --------------------------------------------------------------
@@ -196,12 +206,26 @@ def align(ref: Side, cand: Side, tokenizer: Any = None) -> TokenAlignment:
     return out
 
 
+@dataclass
+class _Parts:
+    """What one alignment collects while it walks the segments (local to :func:`_align`; the
+    value it returns is the frozen :class:`TokenAlignment`)."""
+
+    extra: list[Span] = field(default_factory=list)
+    missing: list[Span] = field(default_factory=list)
+    replaced: list[Replacement] = field(default_factory=list)
+    uncaptured: list[Span] = field(default_factory=list)
+    ref_uncaptured: list[Span] = field(default_factory=list)
+    not_captured: int = 0
+
+
 def _align(ref: Side, cand: Side, tokenizer: Any) -> TokenAlignment:
     rr: list[np.ndarray] = []
     cr: list[np.ndarray] = []
     ctx: list[np.ndarray] = []
     unk: list[np.ndarray] = []
-    out = TokenAlignment(np.zeros(0, np.int64), np.zeros(0, np.int64), len(ref.ids), len(cand.ids), "none")
+    out = _Parts()
+    notes: list[Note] = []
     methods: list[str] = []
     used_ref: set[int] = set()
     for cs, (c0, c1) in enumerate(cand.bounds):
@@ -226,12 +250,15 @@ def _align(ref: Side, cand: Side, tokenizer: Any) -> TokenAlignment:
         unk.append(unproven)
     for rs, (r0, r1) in enumerate(ref.bounds):
         if rs not in used_ref and r1 > r0 and len(cand.bounds) and len(ref.bounds) > 1:
-            out.notes.append(f"reference {ref.labels[rs]} ({r1 - r0} tokens) matches no candidate request")
-    if rr:
-        out.ref_rows, out.cand_rows, out.context = np.concatenate(rr), np.concatenate(cr), np.concatenate(ctx)
-        out.unknown = np.concatenate(unk)
-    out.method = methods[0] if len(set(methods)) == 1 else ("mixed" if methods else "none")
-    return out
+            notes.append(Note.of("request_unmatched", request=ref.labels[rs], tokens=r1 - r0))
+    empty = np.zeros(0, np.int64)
+    rows = (np.concatenate(rr), np.concatenate(cr)) if rr else (empty, empty)
+    per_pair = {"context": np.concatenate(ctx), "unknown": np.concatenate(unk)} if rr else {}
+    method = methods[0] if len(set(methods)) == 1 else ("mixed" if methods else "none")
+    return TokenAlignment(rows[0], rows[1], len(ref.ids), len(cand.ids), method, extra=tuple(out.extra),
+                          missing=tuple(out.missing), replaced=tuple(out.replaced), not_captured=out.not_captured,
+                          uncaptured=tuple(out.uncaptured), ref_uncaptured=tuple(out.ref_uncaptured),
+                          notes=tuple(notes), **per_pair)
 
 
 def _pos(side: Side, row: int, seg: int) -> int:
@@ -240,7 +267,7 @@ def _pos(side: Side, row: int, seg: int) -> int:
     return row - side.bounds[seg][0]
 
 
-def _pairs(ref: Side, cand: Side, rs: int, cs: int, blocks: list[tuple[int, int, int]], out: TokenAlignment,
+def _pairs(ref: Side, cand: Side, rs: int, cs: int, blocks: list[tuple[int, int, int]], out: _Parts,
            tokenizer: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Row pairs of one segment pair, the unaligned spans around them, and per pair whether
     its context differs and whether that is only unproven (nothing recorded the positions).
@@ -313,9 +340,9 @@ def _span(side: Side, seg: int, a: int, b: int, tokenizer: Any, where: str = "st
     pos = side.positions[s0 + a:s0 + b].tolist() if side.positions is not None else None
     if a == 0 and b == side.bounds[seg][1] - s0:
         where = "whole"
-    sp = Span(side.name, side.labels[seg], s0 + a, s0 + b, where, ids, pos)
-    if tokenizer is not None:
-        from consistency.compare.tokenizer import decode
+    if tokenizer is None:
+        return Span(side.name, side.labels[seg], s0 + a, s0 + b, where, ids, pos)
+    from consistency.compare.tokenizer import decode
 
-        sp.text, sp.special = decode(tokenizer, ids)
-    return sp
+    text, special = decode(tokenizer, ids)
+    return Span(side.name, side.labels[seg], s0 + a, s0 + b, where, ids, pos, text, tuple(special))

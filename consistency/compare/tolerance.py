@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from consistency.compare.metrics import ELEMENT_TOL
 from consistency.compare.pattern import PatternError, compile_pattern
+from consistency.compare.types import Note
 from consistency.dump import dtypes
 
 # token rel_diff floors, by the less precise dtype of the pair
@@ -34,6 +35,7 @@ DTYPE_FLOOR: dict[str, float] = {
 GAP_DIVISOR = 10.0  # effective floor stays 10x below the neighbour gap
 DRIFT_ERROR_FACTOR = 10.0  # drift beyond 10x the floor is an error, not a warning
 AMBIGUOUS_RATIO = 3.0  # runner-up closer than 3x the match: identification is ambiguous
+USER_FLOORS = frozenset({"floor_rule", "floor_threshold"})  # floors the user set (a tolerance, not noise)
 
 
 @dataclass(frozen=True)
@@ -58,18 +60,18 @@ class ToleranceModel:
         low = dtypes.lower_precision(dtype_a, dtype_b)
         return DTYPE_FLOOR.get(low, DTYPE_FLOOR["float32"])
 
-    def floor(self, name: str, dtype_a: str, dtype_b: str, gap: float | None = None) -> tuple[float, str]:
-        """Effective token rel_diff floor and a phrase saying where it came from."""
+    def floor(self, name: str, dtype_a: str, dtype_b: str, gap: float | None = None) -> tuple[float, Note]:
+        """Effective token rel_diff floor and where it came from (a Note: the caller may be
+        the CLI or the Python API, so diagnose words it)."""
         for r in self.rules:
             if r.matches(name):
-                return r.floor, f"rule {r.pattern}={r.floor:g}"
+                return r.floor, Note.of("floor_rule", pattern=r.pattern, floor=r.floor)
         if self.floor_override is not None:
-            return self.floor_override, f"--threshold {self.floor_override:g}"
+            return self.floor_override, Note.of("floor_threshold", floor=self.floor_override)
         f = self.dtype_floor(dtype_a, dtype_b)
-        why = f"{dtypes.lower_precision(dtype_a, dtype_b)} floor {f:g}"
         if gap is not None and gap > 0 and gap / GAP_DIVISOR < f:
-            return gap / GAP_DIVISOR, f"neighbour gap {gap:.3g}/{GAP_DIVISOR:g}"
-        return f, why
+            return gap / GAP_DIVISOR, Note.of("floor_gap", gap=gap, divisor=GAP_DIVISOR)
+        return f, Note.of("floor_dtype", dtype=dtypes.lower_precision(dtype_a, dtype_b), floor=f)
 
     def element_tol(self, dtype_a: str, dtype_b: str) -> tuple[float, float]:
         low = dtypes.lower_precision(dtype_a, dtype_b)

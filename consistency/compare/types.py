@@ -107,7 +107,7 @@ class Meaning:
 
 @dataclass(frozen=True)
 class Note:
-    """Something a stage did or assumed, as data; ``consistency.diagnose.notes`` words it.
+    """Something a stage did or assumed, as data; ``consistency.diagnose.words.note`` words it.
     ``key`` names the kind of note (its template), ``data`` the facts it states."""
 
     key: str
@@ -220,6 +220,32 @@ class Expectation:
 
 
 @dataclass(frozen=True)
+class Identity:
+    """Who one candidate tensor is and what it should be, its names parsed once, by the plan
+    (``compare.plan.identity``): diagnose reads these fields and never re-parses a result's
+    names or re-derives what a reference slot is.
+
+    ``expected`` is the reference tensor as the reference names it (``aux.2``);
+    ``canonical`` what that tensor is by the reference's values (a slot whose values are
+    ``hidden.3`` is ``hidden.3``, decided by compare.refslots); ``ref_stream`` the stream
+    the expected tensor stands for by its name or its reference slot (None: not a pre-norm
+    stream), ``stream`` the stream the plan expects (its Expectation)."""
+
+    name: str  # the candidate tensor
+    kind: str  # its kind by its name: aux, recycle, draft_ids, hidden, ... (dump.names)
+    index: int | None  # its index: aux.2 -> 2, recycle.1 -> step 1
+    expected: str | None = None
+    expected_kind: str | None = None
+    expected_index: int | None = None
+    canonical: str | None = None
+    canonical_kind: str | None = None
+    canonical_index: int | None = None
+    ref_stream: int | None = None
+    stream: int | None = None
+    post_norm: bool = False
+
+
+@dataclass(frozen=True)
 class Entry:
     """One candidate tensor to judge: a slot, a split ``aux`` part, or a by-name pair."""
 
@@ -228,6 +254,7 @@ class Entry:
     expect: Expectation
     slot: int | None = None
     concat_of: int | None = None  # a slot of a concatenated ``aux`` beside per-slot ``aux.{i}``
+    identity: Identity | None = None  # resolved by the plan once every reference slot is known
 
 
 @dataclass(frozen=True)
@@ -341,7 +368,7 @@ class Verdict:
 
     status: Status
     floor: float | None = None
-    floor_why: str = ""
+    floor_why: Note | None = None  # where the floor came from (compare.tolerance), worded by diagnose
     bad_tokens: tuple[int, ...] = ()  # token rows far beyond the floor
     matched: bool = False  # the best identification is within noise of the candidate (it *is* that tensor)
     tolerated: bool = False  # within a user tolerance only; it is not the expected tensor
@@ -349,4 +376,4 @@ class Verdict:
     holds_stream: int | None = None
     held: str | None = None  # the reference tensor name that showed it (``holds`` is its canonical name)
     exact: Mapping[str, Any] | None = None
-    skipped: str = ""  # why it was not evaluated (Status.skipped)
+    skipped: str = ""  # why it was not evaluated (Status.skipped), a key diagnose words ("int_too_large")

@@ -39,7 +39,7 @@ def bad_tokens(ev: Evidence, r: Result, label: str, base: dict, metrics: dict) -
     shard = shards.partial_shard(ev, r)
     if shard is not None and _is_shard(ev, r, shard.detail):
         return Finding.make(C.PARTIAL_SHARD, f"{label} {shard.message}",
-                            identified_as=ev.cmp.canonical(shard.identified_as),
+                            identified_as=ev.cmp.name_by_values(shard.identified_as),
                             metrics=metrics, evidence={"before": shard.before, "after": shard.after, **shard.detail},
                             **base)
     m = r.metrics
@@ -160,7 +160,7 @@ def group_consequences(cmp: Comparison, findings: list[Finding]) -> list[Finding
 def _stream_of_result(cmp: Comparison, r: Result) -> int | None:
     if r.expected_stream is not None:
         return r.expected_stream
-    k = names.parse(r.name)
+    k = r.identity
     if k.kind in (names.MLP_OUT, names.ATTN_OUT) and k.index is not None:
         return k.index + 1  # layer k's block output feeds stream k+1
     return None

@@ -69,7 +69,7 @@ def _side(cmp: Comparison, which: str) -> str:
 
 def explain_step(ev: Evidence, r: Result, label: str, base: dict, metrics: dict) -> Finding | None:
     """A per-step draft tensor that differs: the structural explanation, or None."""
-    kind = names.parse(r.name).kind
+    kind = r.identity.kind
     if r.ref is None or r.status in (Status.ok, Status.unpaired, Status.unverified, Status.empty, Status.nonfinite):
         return None
     test = {names.RECYCLE: _recycle, names.DRAFT_EMBED: _pos0, names.DRAFT_IDS: _ids}.get(kind)
@@ -90,7 +90,7 @@ def _recycle(ev: Evidence, r: Result, label: str, base: dict, metrics: dict) -> 
         return None
     code = {(Recycle.d_raw, Recycle.d_norm): C.RECYCLE_NORM_MISSING,
             (Recycle.d_norm, Recycle.d_raw): C.RECYCLE_NORM_APPLIED}.get((st.cand_kind, want), C.RECYCLE_TARGET)
-    k = names.parse(r.name).index or 0
+    k = r.identity.index or 0
     ref_what = _WHAT[want].format(j=k - 1)
     msg = f"{label} (the hidden state step {k} is fed) is {_WHAT[st.cand_kind].format(j=k - 1)} ({st.cand_source}); "
     if st.rule_source == Source.ref_values:
@@ -115,7 +115,7 @@ def _num(v: float | None) -> float | None:
 def concat_order(ev: Evidence, r: Result) -> Explanation | None:
     """A hypothesis (diagnose/hypotheses.py REGISTRY): ``draft_cat.k`` is the reference's
     concatenation with its embedding and hidden halves swapped."""
-    if names.parse(r.name).kind != names.DRAFT_CAT:
+    if r.identity.kind != names.DRAFT_CAT:
         return None
     c, e, before = ev.cand(r), ev.expected(r), ev.before(r)
     if c is None or e is None or before is None or c.shape[1] % 2:
@@ -178,7 +178,7 @@ def _ids(ev: Evidence, r: Result, label: str, base: dict, metrics: dict) -> Find
     if found is None:
         return None
     d, _ = found
-    k = names.parse(r.name).index or 0
+    k = r.identity.index or 0
     pc, pr = _pairing(ev, "cand", c, k), _pairing(ev, "ref", e, k)
     msg = f"{label}: row r holds the reference's row r{d:+d}"
     if pc is not None and pr is not None:
@@ -312,7 +312,7 @@ def recycle_claims(cmp: Comparison) -> list[Finding]:
         st = r.step
         if st.ref_kind is None or st.rule_source != Source.ref_values or st.ref_kind == spec.recycle:
             continue
-        k = names.parse(r.name).index or 0
+        k = r.identity.index or 0
         claim = cmp.plan.consumer_source == Source.ref_claim
         who = "the reference's metadata" if claim else "the declared"
         msg = (f"{who} {spec.kind.value} consumer recycles {spec.recycle.value}, but the reference's own "

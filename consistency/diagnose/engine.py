@@ -67,7 +67,7 @@ def explain(cmp: Comparison) -> tuple[list[Finding], story.Story | None]:
 def _result(ev: Evidence, r: Any) -> tuple[list[Finding], int | None]:
     if r.status == Status.skipped:  # not evaluated: never OK; an error where the draft reads it
         sev = Severity.error if r.slot is not None else Severity.warning
-        return [Finding.make(C.NOT_VERIFIED, f"{r.name}: not evaluated ({r.verdict.skipped}), so it was not "
+        return [Finding.make(C.NOT_VERIFIED, f"{r.name}: not evaluated ({words.skipped(r.verdict.skipped)}), so it was not "
                              "verified", severity=sev, tensor=r.name, expected=r.expected)], None
     return finding(ev, r)
 

@@ -14,6 +14,7 @@ import numpy as np
 
 from consistency.compare.engine import Comparison, Result
 from consistency.compare.identify import token_distance
+from consistency.diagnose import words
 from consistency.dump import names
 from consistency.dump.reader import TensorView
 
@@ -96,11 +97,11 @@ class Evidence:
 
     def stream_name(self, name: str) -> str:
         """How to say a reference name in a sentence: 'stream 3 (layer 2's output)'."""
-        s = self.cmp.stream_of(name)
+        s = self.cmp.stream_by_values(name)
         if s is None:
-            canon = self.cmp.canonical(name)
+            canon = self.cmp.name_by_values(name)
             return canon if canon == name else f"{canon} ({name})"
-        return names.stream_words(s, self._num_layers())
+        return words.stream_words(s, self._num_layers())
 
     def _num_layers(self) -> int | None:
         """N: the reference's metadata, else the declaration (the plan), else a reference that

@@ -58,7 +58,7 @@ def layer_mismatch(ev: Evidence, r: Result) -> Explanation | None:
     if b is None or before is None or r.ref is None or r.ident is None or r.ref.name in r.ident.group:
         return None
     name, dist = b
-    s_got, s_want = ev.cmp.stream_of(name), r.expected_stream
+    s_got, s_want = ev.cmp.stream_by_values(name), r.expected_stream
     if r.post_norm and s_got is not None:
         # fnorm(s=N) expected: stream N itself is a norm story (NORM_MISSING); another stream
         # is another layer, named only when the values positively say so
@@ -68,13 +68,13 @@ def layer_mismatch(ev: Evidence, r: Result) -> Explanation | None:
                            "target's final norm applied", before, dist, name,
                            {"stream": s_got, "expected_stream": s_want, "expected_norm": "final_norm",
                             **({"offset": s_got - s_want} if s_want is not None else {})})
-    slot_got, slot_want = names.parse(name), names.parse(r.ref.name)
-    if (s_got is None or s_want is None) and slot_got.kind == slot_want.kind == names.AUX \
-            and slot_got.index is not None and slot_got.index != slot_want.index and r.matched:
+    slot_got, want = names.parse(name), r.identity  # ``name``: the reference tensor identification ranked first
+    if (s_got is None or s_want is None) and slot_got.kind == want.expected_kind == names.AUX \
+            and slot_got.index is not None and slot_got.index != want.expected_index and r.matched:
         # a thin reference (aux slots only): say it in the reference's own slots
         return Explanation(C.LAYER_MISMATCH, f"holds what the reference put in slot {slot_got.index} ({name}); "
-                           f"expected its slot {slot_want.index} ({r.ref.name})", before, dist, name,
-                           {"slot": slot_got.index, "expected_slot": slot_want.index,
+                           f"expected its slot {want.expected_index} ({r.ref.name})", before, dist, name,
+                           {"slot": slot_got.index, "expected_slot": want.expected_index,
                             "stream": s_got, "expected_stream": s_want})
     if s_got is None or s_want is None or s_got == s_want:
         return None  # the expected tensor is not a (pre-norm) stream: a norm hypothesis applies
@@ -94,13 +94,13 @@ def stream_for_unnamed_slot(ev: Evidence, r: Result) -> Explanation | None:
     if b is None or before is None or r.ref is None or r.ident is None or r.ref.name in r.ident.group:
         return None
     name, dist = b
-    want = names.parse(r.ref.name)
-    if not r.matched or ev.cmp.stream_of(name) is None or ev.cmp.stream_of(r.ref.name) is not None \
-            or want.kind != names.AUX or names.parse(ev.cmp.canonical(r.ref.name) or "").kind != names.AUX:
+    want = r.identity
+    if not r.matched or ev.cmp.stream_by_values(name) is None or want.ref_stream is not None \
+            or want.expected_kind != names.AUX or want.canonical_kind != names.AUX:
         return None
     return Explanation(C.LAYER_MISMATCH, f"holds {ev.stream_name(name)}, not what the reference put in slot "
-                       f"{want.index} ({r.ref.name})", before, dist, name,
-                       {"stream": ev.cmp.stream_of(name), "expected_slot": want.index})
+                       f"{want.expected_index} ({r.ref.name})", before, dist, name,
+                       {"stream": ev.cmp.stream_by_values(name), "expected_slot": want.expected_index})
 
 
 def residual_missing(ev: Evidence, r: Result) -> Explanation | None:
@@ -227,7 +227,7 @@ def _exact_enough(ev: Evidence, r: Result, after: float) -> bool:
 def _ref_is_normed(ev: Evidence, r: Result) -> bool:
     if r.ref is None:
         return False
-    if r.post_norm or names.parse(ev.cmp.canonical(r.ref.name) or "").kind == names.FINAL_NORM:
+    if r.post_norm or r.identity.canonical_kind == names.FINAL_NORM:
         return True
     tm = ev.cmp.ref.metadata.tensors.get(r.ref.name) if ev.cmp.ref.metadata is not None else None
     return tm is not None and tm.norm is not None and tm.norm.value != "none"

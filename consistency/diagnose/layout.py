@@ -8,7 +8,7 @@ stages holding one stream with different values, a token no DP rank holds or two
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from consistency.contract.codes import C
@@ -17,7 +17,20 @@ from consistency.dump.layout import LayoutFact
 from consistency.dump.ranks import _ranges
 from consistency.dump.reader import Dump
 from consistency.dump.stages import layout_facts
-from consistency.dump.tokens import show_keys
+
+SHOW = 16  # token keys listed in a message
+
+
+def show_keys(keys: Sequence[tuple[Any, ...]]) -> str:
+    """Token keys for a message: rows as ints, request tokens as 'request q pos p'."""
+    def one(k: tuple[Any, ...]) -> str:
+        if len(k) == 1:
+            return str(k[0])
+        if k[0] == "...":
+            return f"{k[1]} more at the end"
+        return f"request {repr(k[0][1])[:40]} pos {k[1]}"
+    more = f" ... ({len(keys)} in all)" if len(keys) > SHOW else ""
+    return "[" + ", ".join(one(k) for k in keys[:SHOW]) + "]" + more
 
 
 def _some(xs: list[Any], n: int, total: int, fmt: Callable[[Any], str] = str) -> str:

@@ -139,7 +139,7 @@ def mtp_hint(cmp: Any, declared: Declared) -> list[str]:
         return []
     slots = [r for r in cmp.results if r.slot is not None]
     last = next((n for n in ref.tensors if n.startswith("hidden.") or n == "verifier_last_hidden_states"), None)
-    if len(slots) != 1 or last is None or slots[0].holds is None or slots[0].holds != cmp.canonical(last):
+    if len(slots) != 1 or last is None or slots[0].holds is None or slots[0].holds != cmp.name_by_values(last):
         return []
     return [f"{ref.path.name} is speculators training data read as EAGLE-3 (its first slots feed the draft); the "
             f"candidate's one slot holds its last slot ({last}), which speculators' MTP trainer feeds an MTP draft: "

@@ -38,7 +38,7 @@ def build(cmp: Comparison, findings: list[Finding], st: story_mod.Story | None =
             by_tensor[f.tensor] = f.code
     for r in sorted((r for r in cmp.results if r.slot is not None), key=lambda r: r.slot or 0):
         slots.append(SlotReport(
-            slot=r.slot or 0, tensor=r.name, expected=cmp.canonical(r.expected), expected_stream=r.expected_stream,
+            slot=r.slot or 0, tensor=r.name, expected=r.identity.canonical, expected_stream=r.expected_stream,
             identified_as=r.holds, identified_stream=r.holds_stream,
             token_rel_diff=float(f"{r.metrics.token_rel_diff:.4g}") if r.metrics else None,
             confidence=None if not r.ident or r.ident.confidence is None else float(f"{min(r.ident.confidence, 1e12):.4g}"),
@@ -66,8 +66,8 @@ def build(cmp: Comparison, findings: list[Finding], st: story_mod.Story | None =
         counts[f.code] = counts.get(f.code, 0) + 1
     per_token = {r.name: _downsample(r.metrics.per_row.tolist()) for r in cmp.results
                  if r.metrics is not None and r.metrics.per_row is not None and r.status != "ok"}
-    assumptions = [x if isinstance(x, str) else words.note(x) for x in notes or []] + [x if isinstance(x, str) else words.note(x)
-                                       for x in list(alignment.notes if alignment is not None else [])]
+    token_notes = [words.note(n) for n in (alignment.notes if alignment is not None else ())]
+    assumptions = [x if isinstance(x, str) else words.note(x) for x in notes or []] + token_notes
     assumptions += [words.note(n) for n in cmp.plan.notes + cmp.notes]
     rep = CompareReport(
         version=__version__, verdict=verdict_of(findings), summary=summary,
@@ -77,7 +77,7 @@ def build(cmp: Comparison, findings: list[Finding], st: story_mod.Story | None =
         assumptions=assumptions, seconds=round(cmp.seconds, 4),
         similarity=similarity(cmp), per_token=per_token,
         not_compared=len(cmp.plan.not_compared),
-        alignment=alignment.summary() if alignment is not None else None)
+        alignment={**alignment.summary(), "notes": token_notes} if alignment is not None else None)
     return rep
 
 
@@ -104,7 +104,7 @@ def similarity(cmp: Comparison) -> SimilarityMatrix | None:
     values = [[float(f"{cfp.distance(rn, c, rfp):.4g}") for c in cols] for rn in rows]
     by = {r.name: r for r in slots}
     exp = [_as_col(cmp, by[rn].expected, by[rn].expected_stream, cols) for rn in rows]
-    ident = [_as_col(cmp, by[rn].identified, cmp.stream_of(by[rn].identified), cols) for rn in rows]  # the raw ranking
+    ident = [_as_col(cmp, by[rn].identified, cmp.stream_by_values(by[rn].identified), cols) for rn in rows]  # the raw ranking
     return SimilarityMatrix(rows=rows, cols=cols, values=values, expected=exp, identified=ident,
                             metric="token_rel_diff")
 

@@ -31,13 +31,13 @@ def _slot_label(r: Result) -> str:
 def finding(ev: Evidence, r: Result) -> tuple[list[Finding], int | None]:
     """Findings for one result and the stream it was found to hold (for the story)."""
     cmp = ev.cmp
-    base = {"tensor": r.name, "expected": cmp.canonical(r.expected)}
+    base = {"tensor": r.name, "expected": r.identity.canonical}
     label = _slot_label(r)
     metrics = rownames.annotate(cmp, r, r.metrics.as_dict(r.cand.shape)) if r.metrics else {}
     if r.ident and r.ident.best:
         metrics["identification"] = _ident_dict(r)
     if r.floor is not None:
-        metrics.update(floor=r.floor, floor_source=r.floor_why)
+        metrics.update(floor=r.floor, floor_source=words.floor(r.floor_why))
     out: list[Finding] = []
     stream = None
     if r.status == Status.ok:
@@ -53,26 +53,26 @@ def finding(ev: Evidence, r: Result) -> tuple[list[Finding], int | None]:
                    "tell the expected stream from its neighbour: nothing was verified" if gap is not None and blind
                    else "; the reference records no neighbouring stream to tell it from, so nothing was verified"
                    if blind else "")
-            out.append(Finding.make(C.TOLERATED, f"{label} passes {r.floor_why} (token rel_diff {d:.3g}, beyond its "
+            out.append(Finding.make(C.TOLERATED, f"{label} passes {words.floor(r.floor_why)} (token rel_diff {d:.3g}, beyond its "
                                     f"noise floor) but {what}; expected {ev.stream_name(r.expected or '')}{why}",
                                     severity=Severity.error if blind else None, identified_as=held, metrics=metrics,
                                     **base))
             return out, stream
         out.append(Finding.make(C.OK, f"{label} matches {r.expected} (token rel_diff "
-                                f"{r.metrics.token_rel_diff:.2e} <= {r.floor:.1e}, {r.floor_why})" if r.metrics else
+                                f"{r.metrics.token_rel_diff:.2e} <= {r.floor:.1e}, {words.floor(r.floor_why)})" if r.metrics else
                                 f"{label} equals {r.expected}", identified_as=held, metrics=metrics, **base))
         if r.ref is not None and r.ref.dtype != r.cand.dtype:
             out.append(Finding.make(C.DTYPE_MISMATCH, f"{label} is {r.cand.dtype}, {r.expected} is {r.ref.dtype}; values "
-                                    f"agree within {r.floor_why or 'exact equality'}", identified_as=held, **base))
+                                    f"agree within {words.floor(r.floor_why) or 'exact equality'}", identified_as=held, **base))
         if r.ident and r.slot is not None and (r.ident.confidence or math.inf) < AMBIGUOUS_RATIO:
             out.append(Finding.make(C.IDENTIFICATION_AMBIGUOUS, f"{label} matches {r.identified} but "
                                     f"{r.ident.runner_up.name if r.ident.runner_up else '?'} is only "
-                                    f"{r.ident.confidence:.1f}x farther", identified_as=cmp.canonical(r.identified),
+                                    f"{r.ident.confidence:.1f}x farther", identified_as=cmp.name_by_values(r.identified),
                                     metrics=metrics, **base))
         return out, stream
     if r.status in (Status.unpaired, Status.unverified):
         return _unpaired(ev, r, label, base, metrics)
-    if names.parse(r.name).kind in names.DRAFT_KINDS and (step := draft_steps.explain_step(ev, r, label, base, metrics)):
+    if r.identity.kind in names.DRAFT_KINDS and (step := draft_steps.explain_step(ev, r, label, base, metrics)):
         return [step], None
     if r.status in (Status.shape, Status.empty):
         code = C.EMPTY if r.status == Status.empty else C.SHAPE_MISMATCH
@@ -96,7 +96,7 @@ def finding(ev: Evidence, r: Result) -> tuple[list[Finding], int | None]:
         return [zero], None
     if r.status == Status.bad_tokens and (x := stale.bad_rows_stale(ev, r)) is not None:  # the named rows are stale
         where, groups = rowgroups.provenance(ev, r, x.detail.get("stale_rows", []))
-        return [Finding.make(x.code, f"{label} {x.message}{where}", identified_as=cmp.canonical(x.identified_as),
+        return [Finding.make(x.code, f"{label} {x.message}{where}", identified_as=cmp.name_by_values(x.identified_as),
                              metrics=metrics, evidence={"before": _g(x.before), "after": _g(x.after), **x.detail,
                                                         **({"row_groups": groups} if groups else {})},
                              **base)], r.expected_stream
@@ -112,7 +112,7 @@ def _unpaired(ev: Evidence, r: Result, label: str, base: dict, metrics: dict) ->
     cmp = ev.cmp
     held = r.holds if r.matched else None
     stream = r.holds_stream if held else None
-    near = ", ".join(f"{cmp.canonical(x.name)} ({x.distance:.3g})" for x in (r.ident.ranking[:3] if r.ident else []))
+    near = ", ".join(f"{cmp.name_by_values(x.name)} ({x.distance:.3g})" for x in (r.ident.ranking[:3] if r.ident else []))
     holds = f"it holds {ev.stream_name(held)}" if held else \
         f"it matches no reference tensor (nearest: {near or 'none comparable'})"
     if r.status == Status.unverified:
@@ -156,7 +156,7 @@ def _holds(x: Explanation, floor: float) -> bool:
 
 def _explain(ev: Evidence, r: Result, label: str, base: dict, metrics: dict) -> tuple[list[Finding], int | None]:
     assert r.metrics is not None and r.ref is not None and r.floor is not None
-    floor = max(r.floor, ev.cmp.pair_floor(r)[0]) if not r.floor_why.startswith(("rule ", "--threshold")) else \
+    floor = max(r.floor, ev.cmp.pair_floor(r)[0]) if not r.floor_user else \
         ev.cmp.pair_floor(r)[0]
     tried = []
     for h in hypotheses.REGISTRY:
@@ -169,10 +169,10 @@ def _explain(ev: Evidence, r: Result, label: str, base: dict, metrics: dict) -> 
     metrics = dict(metrics, tried={x.code: {"before": _g(x.before), "after": _g(x.after)} for x in tried})
     if held:
         x = min(held, key=lambda x: (x.after > floor, x.approximate, x.after))
-        stream = ev.cmp.stream_of(x.identified_as) if x.code == C.LAYER_MISMATCH else None
+        stream = ev.cmp.stream_by_values(x.identified_as) if x.code == C.LAYER_MISMATCH else None
         ev_d = {"before": _g(x.before), "after": _g(x.after), "metric": "token_rel_diff (sampled rows)",
                 "approximate": x.approximate, **x.detail}
-        return [Finding.make(x.code, f"{label} {x.message}", identified_as=ev.cmp.canonical(x.identified_as), metrics=metrics,
+        return [Finding.make(x.code, f"{label} {x.message}", identified_as=ev.cmp.name_by_values(x.identified_as), metrics=metrics,
                              evidence=ev_d, **base)], stream
     d = r.metrics.token_rel_diff
     part = partial.find(ev, r)
@@ -191,19 +191,19 @@ def _explain(ev: Evidence, r: Result, label: str, base: dict, metrics: dict) -> 
         what = ev.stream_name(r.ref.name)
         near_other = f"; the nearest other stream is {gap:.2e} away" if gap else ""
         return [Finding.make(C.NUMERIC_DRIFT, f"{label} still holds {what} but differs by token rel_diff {d:.2e}, "
-                             f"{d / r.floor:.0f}x its noise floor ({r.floor_why}){near_other}"
-                             + (f"; {r.metrics.mismatch_sentence(r.cand.shape)}{rownames.at_max(ev.cmp, r)} "
+                             f"{d / r.floor:.0f}x its noise floor ({words.floor(r.floor_why)}){near_other}"
+                             + (f"; {words.mismatch(r.metrics, r.cand.shape)}{rownames.at_max(ev.cmp, r)} "
                                 f"(--rtol/--atol given)" if strict else ""),
-                             severity=sev, identified_as=r.holds or ev.cmp.canonical(r.expected), metrics=metrics,
+                             severity=sev, identified_as=r.holds or r.identity.canonical, metrics=metrics,
                              **base)], r.expected_stream
     other = _matched_other(ev, r, label, base, metrics) or causes.zero_rows(ev, r, label, base, metrics)
     if other is not None:
         return [other], r.holds_stream if other.code == C.LAYER_MISMATCH else None
-    near = ", ".join(f"{ev.cmp.canonical(x.name)} ({x.distance:.3g})" for x in (r.ident.ranking[:3] if r.ident else []))
+    near = ", ".join(f"{ev.cmp.name_by_values(x.name)} ({x.distance:.3g})" for x in (r.ident.ranking[:3] if r.ident else []))
     thin = causes.thin_note(ev, r)
     return [Finding.make(C.UNKNOWN, f"{label} differs from {ev.stream_name(r.expected or '')} (token rel_diff {d:.3g}, "
                          f"{d / r.floor:.0f}x its floor) and no explanation holds; nearest: {near or 'none'}.{thin} "
-                         f"{r.metrics.mismatch_sentence(r.cand.shape)}{rownames.at_max(ev.cmp, r)}",
+                         f"{words.mismatch(r.metrics, r.cand.shape)}{rownames.at_max(ev.cmp, r)}",
                          identified_as=None, metrics=metrics, **base)], None
 
 

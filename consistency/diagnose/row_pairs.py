@@ -51,7 +51,7 @@ def _num(v: float | None) -> float | None:
 
 def unpaired_rows(r: Result) -> list[Finding]:
     """Findings for a pair with no common anchor."""
-    n = names.parse(r.name)
+    n = r.identity
     base = {"tensor": r.name, "expected": r.expected, "evidence": {"rows": r.rows.as_dict() if r.rows else None}}
     if n.kind == names.RECYCLE and n.index and r.step is not None:
         return [_recycle_own(r, n.index, base)]

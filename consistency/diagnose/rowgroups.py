@@ -113,7 +113,7 @@ def _streams(ev: Evidence, r: Result) -> dict[int, Any]:
     out = {}
     assert r.ref is not None
     for n, v in ev.cmp.ref.tensors.items():
-        s = ev.cmp.stream_of(n)  # a reference slot by what its values are (compare.refslots)
+        s = ev.cmp.stream_by_values(n)  # a reference slot by what its values are (compare.refslots)
         if s is not None and s not in out and v.is_float and v.rows == r.ref.rows and v.cols == r.ref.cols:
             out[s] = v
     return out
@@ -210,7 +210,7 @@ def explain(ev: Evidence, r: Result, label: str, base: dict, metrics: dict) -> F
     good = [i for i in range(n) if i not in set(bad)]
     rest = groups(ev.cmp, r, good[:MAX_ROWS]) if good else []
     if rest:
-        want = f"stream {r.expected_stream}" if r.expected_stream is not None else ev.cmp.canonical(r.expected)
+        want = f"stream {r.expected_stream}" if r.expected_stream is not None else r.identity.canonical
         parts.append(" and ".join(g.words() for g in rest) + f" hold {want} as the reference expects")
     graphs_only = all(f["graph"] is not None for f in found) and rest and all(g.graph is None for g in rest)
     tail = ": a difference only under CUDA graphs" if graphs_only else ""

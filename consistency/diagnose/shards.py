@@ -46,7 +46,7 @@ def partial_shard(ev: Evidence, r: Result) -> Explanation | None:
     follows = _embedding(ev, r) and _follows_vocab_shard(ev, r, zero, kept, detail)
     meta = ev.cmp.cand.metadata
     ranked = meta is not None and meta.rank is not None and (meta.world_size or 1) > 1
-    block = names.parse(ev.cmp.canonical(r.ref.name) or "").kind in (names.MLP_OUT, names.ATTN_OUT) if r.ref else False
+    block = r.identity.canonical_kind in (names.MLP_OUT, names.ATTN_OUT) if r.ref else False
     if follows:
         msg += f"; the non-zero rows are exactly the tokens with ids in {detail['shard_token_range']}"
         vs = detail.get("vocab_shard")
@@ -75,12 +75,12 @@ def _embedding(ev: Evidence, r: Result) -> bool:
     """A vocab-parallel embedding's missing all-reduce zeroes rows of the embedding only
     (stream 0, a draft's ``draft_embed.k``): any later stream mixes tokens in attention, so
     its rows are never exactly zero for that reason. Unknown streams are not ruled out."""
-    kind = names.parse(r.name).kind
+    kind = r.identity.kind
     if kind == names.DRAFT_EMBED:
         return True
-    held = names.parse(ev.cmp.canonical(r.ref.name) or "") if r.ref is not None else None
-    if held is not None and held.kind == names.HIDDEN and held.index is not None:
-        return held.index == 0
+    held = r.identity if r.ref is not None else None
+    if held is not None and held.canonical_kind == names.HIDDEN and held.canonical_index is not None:
+        return held.canonical_index == 0
     return not r.post_norm and r.expected_stream in (None, 0)
 
 

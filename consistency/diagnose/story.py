@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from consistency.contract.codes import C
-from consistency.dump import names
+from consistency.diagnose import words
 
 
 @dataclass
@@ -40,7 +40,7 @@ def family(k: int) -> str:
 
 
 def describe(stream: int, num_layers: int | None) -> str:
-    return names.stream_words(stream, num_layers, meaning_first=True)
+    return words.stream_words(stream, num_layers, meaning_first=True)
 
 
 def tell(expected: Sequence[int | None], actual: Sequence[int | None], cand_side: str, ref_side: str,

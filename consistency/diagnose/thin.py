@@ -68,7 +68,7 @@ def _stream_names(ev: Evidence, r: Result) -> dict[int, str]:
     fp = ev.cmp.ref_fp.get(ev.key(r))
     out: dict[int, str] = {}
     for n in fp.names if fp is not None else []:
-        s = ev.cmp.stream_of(n)
+        s = ev.cmp.stream_by_values(n)
         if s is not None and (s not in out or names.preference(n) < names.preference(out[s])):
             out[s] = n
     return out

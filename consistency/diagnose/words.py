@@ -11,10 +11,25 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from consistency.compare.metrics import PairMetrics
 from consistency.compare.types import Conflict, Expectation, Meaning, Note, RowPairing, Source
 from consistency.contract.codes import C
 from consistency.contract.models import NormState
 from consistency.dump import names
+
+
+def stream_words(s: int, num_layers: int | None = None, meaning_first: bool = False) -> str:
+    """The one way a stream is put into words: 'stream 3 (layer 2's output)'.
+
+    ``meaning_first`` leads with what it is ('the embedding (stream 0)'), for sentences
+    that list what a side is missing; other streams read the same either way."""
+    if s == 0:
+        meaning = "the embedding"
+    elif num_layers is not None and s == num_layers:
+        meaning = "the last layer's output, pre-norm" if not meaning_first else "the last layer's output"
+    else:
+        return f"stream {s} (layer {s - 1}'s output)" if not meaning_first else f"stream {s}"
+    return f"{meaning} (stream {s})" if meaning_first else f"stream {s} ({meaning})"
 
 
 def describe(name: str | None, stream: int | None = None, num_layers: int | None = None) -> str:
@@ -28,7 +43,7 @@ def describe(name: str | None, stream: int | None = None, num_layers: int | None
             "final_norm (the target's final norm applied)"
     s = names.stream_of(name) if stream is None else stream
     if s is not None:
-        return names.stream_words(s, num_layers)
+        return stream_words(s, num_layers)
     return name
 
 
@@ -40,7 +55,7 @@ def meaning(m: Meaning | None, num_layers: int | None = None) -> str:
     if m.post_norm:
         return f"fnorm(s={m.stream if m.stream is not None else 'N'}), the target's final norm applied"
     assert m.stream is not None
-    return names.stream_words(m.stream, num_layers)
+    return stream_words(m.stream, num_layers)
 
 
 SOURCE_WORDS = {Source.ref_values: "the reference's values", Source.ref_claim: "the reference's metadata",
@@ -126,6 +141,38 @@ def no_rows(p: RowPairing) -> str:
     return s
 
 
+def mismatch(m: PairMetrics, shape: tuple[int, ...] | None = None) -> str:
+    """torch.testing-style: how many elements, how far, where."""
+    pct = 100.0 * m.mismatched / m.numel if m.numel else 0.0
+    at = m.as_dict(shape)["max_abs_at"]
+    return (f"Mismatched elements: {m.mismatched} / {m.numel} ({pct:.1f}%); greatest absolute difference "
+            f"{m.max_abs_diff:.3g} at index {tuple(at) if at is not None else '?'} "
+            f"(reference {m.max_ref:.4g}, candidate {m.max_cand:.4g})")
+
+
+FLOORS: dict[str, Callable[[Mapping[str, Any]], str]] = {
+    "floor_rule": lambda d: f"rule {d['pattern']}={d['floor']:g}",
+    "floor_threshold": lambda d: f"--threshold {d['floor']:g}",
+    "floor_dtype": lambda d: f"{d['dtype']} floor {d['floor']:g}",
+    "floor_gap": lambda d: f"neighbour gap {d['gap']:.3g}/{d['divisor']:g}",
+    "floor_storage": lambda d: (f"{d['dtype']} storage floor {d['floor']:.2g} (measured {d['measured']:.2g} on "
+                                "these values)"),
+}
+
+
+def floor(n: Note | None) -> str:
+    """Where a noise floor came from (compare.tolerance, compare.context); '' when none was set."""
+    return "" if n is None else FLOORS[n.key](n.data)
+
+
+SKIPPED = {"int_too_large": "integer tensor too large to compare exactly"}
+
+
+def skipped(key: str) -> str:
+    """Why a tensor was not evaluated (Verdict.skipped)."""
+    return SKIPPED.get(key, key)
+
+
 def _plural(n: int, what: str) -> str:
     return f"{n} {what}{'' if n == 1 else 's'}"
 
@@ -152,6 +199,20 @@ NOTES: dict[str, Callable[[Mapping[str, Any]], str]] = {
     "ids_not_applied": lambda d: f"{d['file']} records streams {d['recorded']}; --layer-ids {d['ids']} not applied to "
                                  + (f"it (use {d['own_flag']} to declare them, which its own record outranks)"
                                     if d["side"] == "reference" else f"it (use {d['own_flag']} to override)"),
+    "declared_twice": lambda d: (f"{d['by']} and the contract {d['contract']} declare the same streams "
+                                 f"{list(d['streams'])}"),
+    # the token stage (compare.tokens, compare.prepare, dump.segments)
+    "positions_gap": lambda d: f"{d['tensor']}: positions {d['first']}..{d['last']} were not captured (a gap)",
+    "request_unmatched": lambda d: f"reference {d['request']} ({d['tokens']} tokens) matches no candidate request",
+    "same_context_only": lambda d: (f"compared only the {d['kept']} tokens whose context is the same on both sides"
+                                    + (" or unproven" if d["unproven"] else "")),
+    "context_by_values": lambda d: (f"the {d['side']} records no positions (or only declares them); its states equal "
+                                    f"the other side's at the same tokens within noise ({', '.join(d['shown'])}), so "
+                                    "they saw the same context" + (": a prefix-cache hit" if d["cached"] else "")),
+    "no_ids_by_position": lambda d: "no input_ids on one side: tokens paired by position, their ids unchecked",
+    "no_ids_by_rows": lambda d: "no input_ids on one side: rows paired in order, their ids unchecked",
+    "no_ids_unaligned": lambda d: (f"no input_ids on one side and {d['ref_tokens']} vs {d['cand_tokens']} tokens: "
+                                   "the tokens could not be aligned"),
 }
 
 

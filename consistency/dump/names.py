@@ -152,17 +152,3 @@ def preference(name: str) -> int:
     """Lower is preferred when several reference names hold the same values."""
     kind = parse(name).kind
     return {HIDDEN: 0, FINAL_NORM: 1, RESID_MID: 2, MLP_OUT: 3, ATTN_OUT: 4, AUX: 5}.get(kind, 6)
-
-
-def stream_words(s: int, num_layers: int | None = None, meaning_first: bool = False) -> str:
-    """The one way a stream is put into words: 'stream 3 (layer 2's output)'.
-
-    ``meaning_first`` leads with what it is ('the embedding (stream 0)'), for sentences
-    that list what a side is missing; other streams read the same either way."""
-    if s == 0:
-        meaning = "the embedding"
-    elif num_layers is not None and s == num_layers:
-        meaning = "the last layer's output, pre-norm" if not meaning_first else "the last layer's output"
-    else:
-        return f"stream {s} (layer {s - 1}'s output)" if not meaning_first else f"stream {s}"
-    return f"{meaning} (stream {s})" if meaning_first else f"stream {s} ({meaning})"

@@ -16,7 +16,7 @@ when it is the last pass's capture of its position and the next pass continued f
 * one pass that holds a position twice (a tree of drafts, EAGLE top-k > 1) cannot say which
   of its rows was accepted: those rows are *ambiguous* and not kept.
 
-Everything here is data (:class:`Verify`, gap notes as plain facts); consistency.diagnose
+Everything here is data (:class:`Verify`, :class:`Gap`); consistency.diagnose
 words it. A request's *generation* starts at its first decode pass (one row) or verify
 pass (one that rewinds, or is rewound into, or one of the request's trailing passes of one
 length, :func:`verify_passes`: a pass that accepted every draft rewinds nothing): rows from
@@ -98,6 +98,16 @@ class Verify:
                 "ambiguous": self.ambiguous, "requests": self.requests, "examples": list(self.examples)}
 
 
+@dataclass(frozen=True)
+class Gap:
+    """Positions a request skips between two captured runs (``first``..``last`` were never
+    recorded): a fact; consistency.diagnose words it."""
+
+    where: str  # the positions tensor's key of the pass that jumped ("positions#3")
+    first: int
+    last: int
+
+
 class Joiner:
     """Applies runs of consecutive positions, pass by pass, to their requests' segments."""
 
@@ -107,7 +117,7 @@ class Joiner:
         self.key_of = key_of  # pass index -> the positions tensor's key ("positions", "positions#3")
         self.segs: list[Segment] = []
         self.verify = Verify()
-        self.notes: list[str] = []
+        self.gaps: list[Gap] = []
 
     # -- one run ----------------------------------------------------------------------------
     def add(self, seg: Segment, k: int, rows: list[int], pos: list[int], where: str) -> None:
@@ -129,7 +139,7 @@ class Joiner:
         elif seg.positions and start > seg.positions[-1] + 1 and self.recorded:
             lost = [p for p in range(seg.positions[-1] + 1, start) if p not in seg.ambiguous]
             if lost:
-                self.notes.append(f"{where}: positions {lost[0]}..{lost[-1]} were not captured (a gap)")
+                self.gaps.append(Gap(where, lost[0], lost[-1]))
         if seg.positions and len(rows) == 1:
             seg.generation(start)  # a decode step: this request generates from here on
         seg.rows += rows

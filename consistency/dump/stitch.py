@@ -37,7 +37,7 @@ import numpy as np
 
 from consistency.dump import names, passes
 from consistency.dump.reader import Dump, TensorView
-from consistency.dump.segments import Segment, Verify, by_positions, by_request
+from consistency.dump.segments import Gap, Segment, Verify, by_positions, by_request
 from consistency.dump.rows import ConcatView, RowView, ViewDump, array_view
 from consistency.errors import InputError
 
@@ -64,7 +64,7 @@ class Layout:
     per_pass: list[int]  # token rows of each forward pass
     ids: np.ndarray | None  # stitched ids, segment after segment
     positions: np.ndarray | None
-    notes: list[str] = field(default_factory=list)
+    gaps: list[Gap] = field(default_factory=list)  # positions a request skips (never captured)
     verify: Verify = field(default_factory=Verify)  # what verify passes superseded (dump.segments)
     pass_positions: list[np.ndarray] | None = None  # each pass's positions as recorded (naming rows)
     declared: bool = False  # the positions are the DP ranks' declaration, not recorded: the values may overrule them
@@ -175,17 +175,17 @@ def layout(d: Dump, grouped: tuple[dict, passes.LeftOut | None] | None = None) -
         per_pass = _rows_per_pass(d, groups, k)
     total = sum(per_pass)
     offsets = np.concatenate(([0], np.cumsum(per_pass))).astype(np.int64)
-    notes: list[str] = []
+    gaps: list[Gap] = []
     verify = Verify()
     key_of = lambda k: POSITIONS if k == 0 else f"{POSITIONS}#{k + 1}"  # noqa: E731
     if req_parts is not None:
         j = by_request(d.path, np.concatenate(req_parts), _positions_or_order(pos_parts, total), offsets, key_of,
                        pos_parts is not None)
-        segs, verify, notes = j.finish(), j.verify, j.notes
+        segs, verify, gaps = j.finish(), j.verify, j.gaps
         source = REQUEST_IDS
     elif pos_parts is not None:
         j = by_positions(d.path, pos_parts, offsets, key_of)
-        segs, verify, notes = j.finish(), j.verify, j.notes
+        segs, verify, gaps = j.finish(), j.verify, j.gaps
         source = POSITIONS
     elif batch_rows:
         segs = [Segment(f"row {b}", list(range(b * batch_rows, (b + 1) * batch_rows)), list(range(batch_rows)))
@@ -197,13 +197,13 @@ def layout(d: Dump, grouped: tuple[dict, passes.LeftOut | None] | None = None) -
         segs = [Segment("all", range(total), range(total))]  # type: ignore[arg-type]
         source = "capture order"
         if ids_parts is None:
-            return Layout(k, source, segs, per_pass, None, None, notes)
+            return Layout(k, source, segs, per_pass, None, None, gaps)
     order = np.asarray([r for s in segs for r in s.rows], dtype=np.int64)
     ids = np.concatenate(ids_parts)[order] if ids_parts is not None else None
     pos = np.asarray([p for s in segs for p in s.positions], dtype=np.int64)
     if pos_parts is None and batch_rows:
         pos_parts = [np.tile(np.arange(batch_rows, dtype=np.int64), total // batch_rows)]
-    return Layout(k, source, segs, per_pass, ids, pos if (pos_parts is not None or batch_rows) else None, notes,
+    return Layout(k, source, segs, per_pass, ids, pos if (pos_parts is not None or batch_rows) else None, gaps,
                   verify, pos_parts, declared)
 
 

@@ -23,7 +23,6 @@ from consistency.dump.layout import Tokens
 from consistency.dump.reader import TensorView
 from consistency.errors import InputError
 
-SHOW = 16  # token keys listed in a message
 
 
 @dataclass
@@ -59,18 +58,6 @@ def merge_ownership(tokens: Sequence[Tokens]) -> Ownership:
         if totals and len(keys) + len(own.unowned) < max(totals):
             own.unowned.append(("...", max(totals) - len(keys) - len(own.unowned)))
     return own
-
-
-def show_keys(keys: Sequence[tuple[Any, ...]]) -> str:
-    """Token keys for a message: rows as ints, request tokens as 'request q pos p'."""
-    def one(k: tuple[Any, ...]) -> str:
-        if len(k) == 1:
-            return str(k[0])
-        if k[0] == "...":
-            return f"{k[1]} more at the end"
-        return f"request {repr(k[0][1])[:40]} pos {k[1]}"
-    more = f" ... ({len(keys)} in all)" if len(keys) > SHOW else ""
-    return "[" + ", ".join(one(k) for k in keys[:SHOW]) + "]" + more
 
 
 class TokenView(TensorView):

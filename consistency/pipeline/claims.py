@@ -99,11 +99,11 @@ def carrying(d: Dump, claims: IdClaims | None) -> Dump:
     return out
 
 
-def declaration(claims: IdClaims | None, contract: Any, req: CompareRequest) -> tuple[Declared, list[str]]:
+def declaration(claims: IdClaims | None, contract: Any, req: CompareRequest) -> tuple[Declared, list[Note]]:
     """What the user declares the reference holds: its ids, a contract (which must name the
     same streams), and the consumer (a contract's own consumer, when it names one, is kept)."""
     declared = claims.declared() if claims is not None else Declared()
-    notes: list[str] = []
+    notes: list[Note] = []
     if contract is not None:
         from consistency.compare.plan import declared_from_contract
         from consistency.compare.sides import combine_declared

@@ -34,7 +34,8 @@ KNOWN = re.compile(r"^(fc\.(weight|bias)|norm\.weight|lm_head\.weight|embed_toke
                    r"|layers\.\d+\.mlp\.(gate|up|down)_proj\.weight)$")
 
 
-def canonical(name: str) -> str:
+def weight_name(name: str) -> str:
+    """A draft checkpoint's weight name in the one spelling replay reads (RENAMES)."""
     for pat, rep, _src in RENAMES:
         name = re.sub(pat, rep, name)
     return name
@@ -85,7 +86,7 @@ def normalize(path: Path, raw: Mapping[str, Any]) -> tuple[dict[str, Any], list[
     out: dict[str, Any] = {}
     dropped: list[str] = []
     for name, t in raw.items():
-        c = canonical(name)
+        c = weight_name(name)
         if IGNORED.match(c):
             continue
         if not KNOWN.match(c):
