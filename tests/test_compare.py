@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -158,3 +159,34 @@ def test_every_finding_code_has_a_source_and_one_registry():
     assert all(c.source for c in CODES.values()), [c.code for c in CODES.values() if not c.source]
     for h in REGISTRY:
         assert h.code in CODES and h.title == CODES[h.code].title and h.source == CODES[h.code].source
+
+
+def _hand_npz(tmp: Path) -> dict[str, Path]:
+    """Hand-written npz files, no metadata: a training side with every stream and slots on
+    streams 1, 3, 5; a serving side with slots only, on streams 2, 4, 6 (the +1 reading)."""
+    rng = np.random.default_rng(7)
+    h = [rng.standard_normal((12, 64)).astype(np.float32)]
+    for _ in range(6):
+        h.append(h[-1] + 0.3 * rng.standard_normal((12, 64)).astype(np.float32))
+    ids = np.arange(100, 112)
+    out = {"train": tmp / "train.npz", "serve": tmp / "serve.npz", "noise": tmp / "noise.npz"}
+    np.savez(out["train"], input_ids=ids, **{f"hidden.{i}": h[i] for i in range(7)},
+             **{f"aux.{j}": h[s] for j, s in enumerate([1, 3, 5])})
+    np.savez(out["serve"], input_ids=ids, **{f"aux.{j}": h[s] for j, s in enumerate([2, 4, 6])})
+    np.savez(out["noise"], input_ids=ids, **{f"aux.{j}": rng.standard_normal((12, 64)).astype(np.float32)
+                                             for j in range(3)})
+    return out
+
+
+def test_swapped_arguments_are_named_by_values_when_no_file_says_its_side(tmp_path: Path) -> None:
+    import consistency
+
+    f = _hand_npz(tmp_path)
+    rep = consistency.compare(f["serve"], f["train"])  # swapped: the thin serving file first
+    first = rep.findings[0]
+    assert first.code == "SIDES_SWAPPED" and rep.summary.startswith("SIDES_SWAPPED"), rep.summary
+    assert first.evidence["equal"] == [f"reference aux.{j} = candidate hidden.{s}" for j, s in enumerate([2, 4, 6])]
+    # the right order, a thin pair, and a thin reference the candidate's streams do not hold: no swap said
+    assert "SIDES_SWAPPED" not in {x.code for x in consistency.compare(f["train"], f["serve"]).findings}
+    assert "SIDES_SWAPPED" not in {x.code for x in consistency.compare(f["noise"], f["serve"]).findings}
+    assert "SIDES_SWAPPED" not in {x.code for x in consistency.compare(f["noise"], f["train"]).findings}

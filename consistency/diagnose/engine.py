@@ -45,9 +45,9 @@ def explain(cmp: Comparison) -> tuple[list[Finding], story.Story | None]:
 
         findings[:0] = layout.findings(cmp.cand, "candidate") + layout.findings(cmp.ref, "reference")
     findings[:0] = _concat_checks(cmp) + _conflicts(cmp) + draft_steps.recycle_claims(cmp) + _same_input(cmp)
-    sides = _sides(cmp)
-    findings[:0] = [f for f in sides if f.severity == Severity.error]  # a clear swap leads: it changes every reading
-    findings += [f for f in sides if f.severity != Severity.error]
+    sides, by_values = _sides(cmp), _swapped_by_values(cmp)
+    findings[:0] = [f for f in sides if f.severity == Severity.error] + by_values  # a clear swap leads: it changes
+    findings += [f for f in sides if f.severity != Severity.error]  # every reading (so do the values, said as such)
     if not any(r.status in CHECKED for r in cmp.results):
         findings.append(Finding.make(C.NOTHING_COMPARED, f"no tensor of the candidate could be compared with the "
                                      f"reference (reference: {_names(cmp.ref.names)}; candidate: "
@@ -175,6 +175,39 @@ def _sides(cmp: Comparison) -> list[Finding]:
                              f"if so, read expected/holds below the other way round",
                              severity=Severity.error if clear else None)]
     return []
+
+
+MAX_SWAP_READS = 512  # slot x stream reads a values-only swap check may make (a thin reference has few slots)
+
+
+def _swapped_by_values(cmp: Comparison) -> list[Finding]:
+    """No file says which side it is (hand-written npz, foreign dumps), but the values can: the
+    reference records only aux slots, the candidate every stream, and the reference's failing
+    slots equal streams the candidate recorded. Training is the side that records every
+    stream, so the arguments are probably swapped; said as a warning with what each slot equals,
+    since the stream names are the candidate's own claims (compared by values, never trusted).
+    An error that leads, as a swap both files state: it changes how every slot below reads."""
+    if cmp.plan.ref.side or cmp.plan.cand.side:
+        return []  # metadata spoke: _sides says it
+    hidden = [n for n in cmp.cand.names if names.parse(n).kind == names.HIDDEN]
+    if not hidden or any(names.parse(n).kind == names.HIDDEN for n in cmp.ref.names):
+        return []
+    bad = [r for r in cmp.results if r.slot is not None and r.ref is not None and r.status not in (Status.ok,)
+           and r.status in CHECKED]
+    if not bad or len(bad) * len(hidden) > MAX_SWAP_READS:
+        return []
+    equal: list[str] = []
+    for r in sorted(bad, key=lambda r: r.slot or 0):
+        floor = cmp.tol.dtype_floor(r.ref.dtype, r.ref.dtype)
+        near = [(d, n) for n in hidden if (d := _read_distance(r.ref, cmp.cand[n])) <= floor]
+        if not near:
+            return []  # a slot the candidate's streams do not hold: no evidence of a swap
+        equal.append(f"reference {r.ref.name} = candidate {min(near)[1]}")
+    return [Finding.make(C.SIDES_SWAPPED, "no file says which side it is, but the values do: the reference records "
+                         "only aux slots, the candidate every stream, and " + "; ".join(equal)
+                         + ": the arguments look swapped (expected TRAINING first: the side that records every "
+                         "stream); if so, read expected/holds below the other way round",
+                         severity=Severity.error, evidence={"by": "values", "equal": equal})]
 
 
 def _replicas(cmp: Comparison) -> list[Finding]:
