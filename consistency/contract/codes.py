@@ -229,7 +229,9 @@ ROWS: tuple[CodeSpec, ...] = (
          "fix the first divergence (the root cause); these follow from it", source="seed story "
          "(VocabParallelEmbedding all-reduce): one divergence, every later stream differs"),
     CodeSpec("SIDES_SWAPPED", _W, "the reference's metadata says it is the serving side (or the candidate the "
-         "training side); an error when both say so (every expected/holds reads backwards)",
+         "training side), or, where no file says, the reference records only aux slots that equal streams the "
+         "candidate recorded; an error when both files say so or the values show it (every expected/holds reads "
+         "backwards)",
          "pass the training dump first: consistency compare TRAIN SERVE", source="docs/format.md: metadata side "
          "(training/serving)", leads=True),
     # drafts beyond EAGLE-3: the state an MTP / EAGLE-1 draft recycles at steps >= 1, its input (issue 19)
