@@ -1,0 +1,210 @@
+"""MTP drafts under CUDA graphs (issue 36 item 4): graph-safe buffers, anchors computed on the device.
+
+The released SGLang ``DeepseekModelNextN.forward`` with its patch applied
+(tests/test_patch_mtp.py) runs in an SGLang-shaped runner (tests/mtp_graph_loop.py): a
+prefill round whose draft extend runs eagerly, then decode rounds whose draft extend
+(step 0) and draft steps 1..K-1 are graph replays, batches padded up to the captured
+sizes, requests of different prompt lengths (so one pass's rows stand at different
+anchors). Without CUDA the graphs are tests/graph_loop.py's ``EagerGraph`` (the same
+capture hooks, buffers, trimming and drain); bench/graph_mtp.py runs the same on
+``torch.cuda.CUDAGraph`` (docs/performance.md). One dump per draft chain (a round: step 0
+and its later steps), since compare stitches a name's captures as one pass each. Expected
+anchors and rows come from the construction: prompt lengths, the width accepted per round.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from consistency.diagnose.pipeline import run as compare
+from consistency.dump.reader import open_dump
+from consistency.record import Recorder, graphs, mtp_patch, patch
+from tests.mtp_graph_loop import Bugs, MtpLoop
+from tests.test_patch_mtp import sglang_nextn
+from tests.test_record_mtp import MTP, target
+
+LENS = ((5, 7, 6), (8,), (4, 9, 5, 6))  # prompt lengths per batch: 3 requests pad to the bs-4 graphs
+CAPTURE_BS = (1, 2, 4)
+STEPS, WIDTH, ROUNDS = 3, 2, 2  # draft steps 0..2; 2 tokens accepted per request and round
+
+
+@pytest.fixture(autouse=True)
+def _graph_mode(monkeypatch):
+    monkeypatch.delenv("CONSISTENCY_RECORD", raising=False)
+    graphs.enable(hook_torch=False, budget_bytes=graphs.DEFAULT_BYTES)
+    mtp_patch.reset()
+    patch._state.pending_ids = None
+    with torch.no_grad():
+        yield
+    graphs.disable()
+    mtp_patch.reset()
+
+
+class PerChain:
+    """One recorder per draft chain (the loop's ``on_round``); the first is open before the
+    graphs are captured, as a server's recorder is."""
+
+    def __init__(self, d: Path) -> None:
+        self.d, self.rec, self.paths = d, None, []
+        d.mkdir(exist_ok=True)
+        self.open()
+
+    def open(self) -> None:
+        self.rec = Recorder(self.d / f"chain{len(self.paths):02d}.safetensors", force=True)
+        self.rec.__enter__()
+
+    def __call__(self, _round: int) -> None:
+        if self.rec.tensors:  # the one opened before the first batch holds nothing
+            self.close()
+            self.open()
+
+    def close(self) -> None:
+        self.rec.__exit__(None, None, None)
+        self.paths.append(self.rec.written)
+
+
+def _record(d: Path, mode: str | None, bugs: Bugs | None = None) -> list[Path]:
+    mtp_patch.reset()
+    model = target()
+    mtp = MTP(model.get_input_embeddings(), fused=True)
+    loop = MtpLoop(model, sglang_nextn(mtp), mtp.embed, CAPTURE_BS, STEPS, WIDTH, graphs=mode, bugs=bugs)
+    chains = PerChain(d)
+    loop.on_round = chains
+    g, gp = torch.Generator().manual_seed(1), torch.Generator().manual_seed(2)
+    for lens in LENS:
+        loop.run_batch([torch.randint(0, 128, (n,), generator=gp) for n in lens], ROUNDS, g)
+    chains.close()
+    return chains.paths
+
+
+def _read(p: Path) -> tuple[dict[str, np.ndarray], object]:
+    with open_dump(p) as d:
+        return {n: d[n].read_all() for n in d.tensors}, d.metadata
+
+
+def _chains() -> list[tuple[tuple[int, ...], int]]:
+    """(prompt lengths, round) of each chain, in recording order."""
+    return [(lens, r) for lens in LENS for r in range(1 + ROUNDS)]
+
+
+def _anchors(lens: tuple[int, ...], r: int, k: int) -> list[int]:
+    """From the construction: step 0 of the prefill round stands at every prompt row; of a
+    decode round at the ``WIDTH`` rows just accepted; step k >= 1 at each request's last row."""
+    ends = [n + r * WIDTH for n in lens]  # the sequence lengths after round r
+    if k > 0:
+        return [e - 1 for e in ends]
+    if r == 0:
+        return [p for n in lens for p in range(n)]
+    return [p for e in ends for p in range(e - WIDTH, e)]
+
+
+def _step(name: str) -> int:
+    base = name.split("#")[0]
+    return 0 if base == "aux.0" else int(base.rsplit(".", 1)[1])
+
+
+@pytest.fixture(scope="module")
+def eager(tmp_path_factory) -> list[Path]:  # noqa: ANN001
+    graphs.enable(hook_torch=False, budget_bytes=graphs.DEFAULT_BYTES)
+    with torch.no_grad():
+        out = _record(tmp_path_factory.mktemp("eager"), None)
+    graphs.disable()
+    return out
+
+
+def test_graph_replays_record_what_the_eager_draft_records_with_its_anchors(eager, tmp_path):
+    graph = _record(tmp_path, "emulate")
+    assert len(eager) == len(graph) == len(_chains())
+    per = {f"{n}.{k}" for n in ("draft_ids", "draft_embed", "draft_cat", "draft_norm") for k in range(STEPS)}
+    per |= {"aux.0"} | {f"recycle.{k}" for k in range(1, STEPS)}
+    replays: dict[str, int] = {}
+    for (lens, r), a, b in zip(_chains(), eager, graph, strict=True):
+        ta, ma = _read(a)
+        tb, mb = _read(b)
+        assert set(ta) == set(tb) == per
+        padded = len(lens) not in CAPTURE_BS
+        for name in per:
+            want = _anchors(lens, r, _step(name))
+            # the anchors: from positions on the host (eager), on the device inside the graph (graph replays)
+            assert ma.tensors[name].token_index == mb.tensors[name].token_index == want, (lens, r, name)
+            assert tb[name].shape == ta[name].shape and tb[name].shape[0] == len(want)
+            if padded and ta[name].dtype.kind == "f":  # a 4-row matmul beside a 3-row one: float32 rounding only
+                np.testing.assert_allclose(tb[name], ta[name], rtol=0, atol=1e-5)
+            else:
+                assert np.array_equal(tb[name], ta[name]), (lens, r, name)
+        bs = next(c for c in CAPTURE_BS if c >= len(lens))
+        for name in per:
+            tag = mb.tensors[name].graph
+            if r == 0 and _step(name) == 0:
+                assert tag is None  # the prefill's draft extend is eager in every mode
+                continue
+            label = "EAGLEDraftExtendCudaGraphRunner" if _step(name) == 0 else "EAGLEDraftCudaGraphRunner"
+            key = f"{label} bs={bs} {name}"
+            replays[key] = replays.get(key, 0) + 1
+            assert (tag.label, tag.batch_size, tag.real_batch_size, tag.replay) == \
+                (f"sglang.{label}", bs, len(lens), replays[key]), (lens, r, name)
+            per_request = WIDTH if _step(name) == 0 else 1
+            assert (tag.rows, tag.kept) == (bs * per_request, len(lens) * per_request)  # padded rows trimmed
+        info = mb.extra.get("cuda_graphs", {})
+        assert "not_recorded" not in info
+        rep = compare(str(a), str(b))
+        assert rep.verdict == "pass", (lens, r, rep.summary)
+
+
+def test_a_stale_draft_buffer_fails_on_the_steps_it_feeds(eager, tmp_path):
+    """The draft graph's hidden input refreshed at the prefill round only: every decode round's
+    recycle.1 holds, bit for bit, the prefill round's recycle.1 of its batch."""
+    bad = _record(tmp_path, "emulate", Bugs(stale=True))
+    for i, ((lens, r), a, b) in enumerate(zip(_chains(), eager, bad, strict=True)):
+        rep = compare(str(a), str(b))
+        if r == 0:
+            assert rep.verdict == "pass", rep.summary
+            continue
+        first = _read(eager[i - r])[0]["recycle.1"]
+        got = _read(b)[0]["recycle.1"]
+        assert np.array_equal(got, first) and not np.array_equal(got, _read(a)[0]["recycle.1"])
+        errs = [f for f in rep.findings if f.severity.value == "error"]
+        assert rep.verdict == "fail" and errs and {f.tensor for f in errs} == {"recycle.1"}, rep.summary
+
+
+def test_anchors_off_by_the_step_are_caught(eager, tmp_path):
+    """The draft graph's positions not advanced per step: values unchanged (the NextN block
+    is position-free), anchors k too low at step k, and compare pairs the rows by them."""
+    bad = _record(tmp_path, "emulate", Bugs(frozen_positions=True))
+    for (lens, r), a, b in zip(_chains(), eager, bad, strict=True):
+        ta, ma = _read(a)
+        tb, mb = _read(b)
+        for name in ta:
+            k = _step(name)
+            assert np.array_equal(ta[name], tb[name]) or (len(lens) not in CAPTURE_BS)
+            assert mb.tensors[name].token_index == [i - k for i in ma.tensors[name].token_index], (r, name)
+        rep = compare(str(a), str(b))
+        errs = [f for f in rep.findings if f.severity.value == "error"]
+        assert rep.verdict == "fail" and errs
+        assert all(_step(f.tensor) >= 1 for f in errs), [(f.code, f.tensor) for f in errs]
+        if len(lens) == 1:  # one request: no other request's row stands at the lowered anchor
+            end = lens[0] + r * WIDTH - 1
+            for k in range(1, STEPS):
+                (nv,) = [f for f in errs if f.tensor == f"draft_ids.{k}"]
+                assert nv.code == "NOT_VERIFIED" and f"anchor [{end - k}]" in nv.message, nv.message
+
+
+def test_a_graph_with_no_step_known_at_capture_is_counted_not_guessed(tmp_path):
+    """No step index and no forward mode (vLLM's proposer replays one graph for every step):
+    the passes are said in the dump's metadata, never recorded under a guessed step."""
+    from tests.graph_loop import EagerGraph
+
+    x, h = torch.arange(4), torch.randn(4, 8)
+    g = EagerGraph()
+    with Recorder(tmp_path / "v.safetensors", force=True) as rec:
+        rec.capture("marker", torch.zeros(1))
+        g.capture(lambda: mtp_patch.capture_mtp_input(x, x, h))
+        for _ in range(3):
+            g.replay()
+    assert sorted(rec.tensors) == ["marker"]
+    nr = rec.metadata.extra["cuda_graphs"]["not_recorded"]
+    assert nr == {mtp_patch.UNKNOWN_STEP: {"aux.0/recycle.k": 3}}  # once per replay
