@@ -25,12 +25,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import torch
 
-from consistency.record import graphs
+from consistency.record import Recorder, graphs, mtp_patch
 from tests.graph_loop import EagerGraph
 
 
@@ -203,3 +204,83 @@ class MtpLoop:
             return
         with graphs.replay_sizes(real_tokens=real, real_bs=real):
             s.graphs[1].replay()
+
+
+# -- recording a run: one dump per draft chain ---------------------------------------------------
+class PerChain:
+    """One recorder per draft chain (the loop's ``on_round``: compare stitches a name's
+    captures as one forward pass each, and a chain's steps have rows of their own); the
+    first is open before the graphs are captured, as a server's recorder is."""
+
+    def __init__(self, d: Path, rec_cls: type = Recorder) -> None:
+        self.d, self.rec_cls, self.rec, self.paths = d, rec_cls, None, []
+        d.mkdir(parents=True, exist_ok=True)
+        self.open()
+
+    def open(self) -> None:
+        self.rec = self.rec_cls(self.d / f"chain{len(self.paths):02d}.safetensors", force=True)
+        self.rec.__enter__()
+
+    def __call__(self, _round: int) -> None:
+        if self.rec.tensors or getattr(self.rec, "_layouts", None):  # the first one holds nothing till a round ran
+            self.close()
+            self.open()
+
+    def close(self) -> None:
+        self.rec.__exit__(None, None, None)
+        self.paths.append(self.rec.written)
+
+
+def build(device: str = "cpu", dtype: torch.dtype = torch.float32) -> tuple[Any, Any]:
+    """tests/test_record_mtp.py's seeded tiny DeepSeek-V3 target and NextN draft (its
+    embedding tied), and the released SGLang forward over the draft, patched."""
+    from tests.test_patch_mtp import sglang_nextn
+    from tests.test_record_mtp import MTP, target
+
+    model = target()
+    mtp = MTP(model.get_input_embeddings(), fused=True)
+    if device != "cpu" or dtype != torch.float32:
+        import copy
+
+        model = copy.deepcopy(model).to(device, dtype)
+        mtp = MTP(model.get_input_embeddings(), fused=True).to(device, dtype)
+    return model, (mtp, sglang_nextn(mtp))
+
+
+def record(d: Path, mode: str | None, lens: tuple[tuple[int, ...], ...], capture_bs: tuple[int, ...], steps: int,
+           width: int, rounds: int, bugs: Bugs | None = None, device: str = "cpu",
+           dtype: torch.dtype = torch.float32, rec_cls: type = Recorder) -> list[Path]:
+    """One run (batches of requests with these prompt lengths), a dump per chain, in order."""
+    mtp_patch.reset()
+    model, (mtp, nextn) = build(device, dtype)
+    loop = MtpLoop(model, nextn, mtp.embed, capture_bs, steps, width, graphs=mode, bugs=bugs)
+    chains = PerChain(d, rec_cls)
+    loop.on_round = chains
+    g, gp = torch.Generator().manual_seed(1), torch.Generator().manual_seed(2)
+    vocab = mtp.embed.weight.shape[0]
+    with torch.no_grad():
+        for sizes in lens:
+            loop.run_batch([torch.randint(0, vocab, (n,), generator=gp) for n in sizes], rounds, g)
+    chains.close()
+    return chains.paths
+
+
+def chains(lens: tuple[tuple[int, ...], ...], rounds: int) -> list[tuple[tuple[int, ...], int]]:
+    """(prompt lengths, round) of each chain, in recording order."""
+    return [(sizes, r) for sizes in lens for r in range(1 + rounds)]
+
+
+def anchors(sizes: tuple[int, ...], r: int, k: int, width: int) -> list[int]:
+    """From the construction: step 0 of the prefill round stands at every prompt row; of a
+    decode round at the ``width`` rows just accepted; step k >= 1 at each request's last row."""
+    ends = [n + r * width for n in sizes]  # the sequence lengths after round r
+    if k > 0:
+        return [e - 1 for e in ends]
+    if r == 0:
+        return [p for n in sizes for p in range(n)]
+    return [p for e in ends for p in range(e - width, e)]
+
+
+def step_of(name: str) -> int:
+    base = name.split("#")[0]
+    return 0 if base == "aux.0" else int(base.rsplit(".", 1)[1])

@@ -23,9 +23,8 @@ import torch
 from consistency.diagnose.pipeline import run as compare
 from consistency.dump.reader import open_dump
 from consistency.record import Recorder, graphs, mtp_patch, patch
-from tests.mtp_graph_loop import Bugs, MtpLoop
-from tests.test_patch_mtp import sglang_nextn
-from tests.test_record_mtp import MTP, target
+from tests.mtp_graph_loop import Bugs, anchors, chains, record
+from tests.mtp_graph_loop import step_of as _step
 
 LENS = ((5, 7, 6), (8,), (4, 9, 5, 6))  # prompt lengths per batch: 3 requests pad to the bs-4 graphs
 CAPTURE_BS = (1, 2, 4)
@@ -44,41 +43,8 @@ def _graph_mode(monkeypatch):
     mtp_patch.reset()
 
 
-class PerChain:
-    """One recorder per draft chain (the loop's ``on_round``); the first is open before the
-    graphs are captured, as a server's recorder is."""
-
-    def __init__(self, d: Path) -> None:
-        self.d, self.rec, self.paths = d, None, []
-        d.mkdir(exist_ok=True)
-        self.open()
-
-    def open(self) -> None:
-        self.rec = Recorder(self.d / f"chain{len(self.paths):02d}.safetensors", force=True)
-        self.rec.__enter__()
-
-    def __call__(self, _round: int) -> None:
-        if self.rec.tensors:  # the one opened before the first batch holds nothing
-            self.close()
-            self.open()
-
-    def close(self) -> None:
-        self.rec.__exit__(None, None, None)
-        self.paths.append(self.rec.written)
-
-
 def _record(d: Path, mode: str | None, bugs: Bugs | None = None) -> list[Path]:
-    mtp_patch.reset()
-    model = target()
-    mtp = MTP(model.get_input_embeddings(), fused=True)
-    loop = MtpLoop(model, sglang_nextn(mtp), mtp.embed, CAPTURE_BS, STEPS, WIDTH, graphs=mode, bugs=bugs)
-    chains = PerChain(d)
-    loop.on_round = chains
-    g, gp = torch.Generator().manual_seed(1), torch.Generator().manual_seed(2)
-    for lens in LENS:
-        loop.run_batch([torch.randint(0, 128, (n,), generator=gp) for n in lens], ROUNDS, g)
-    chains.close()
-    return chains.paths
+    return record(d, mode, LENS, CAPTURE_BS, STEPS, WIDTH, ROUNDS, bugs)
 
 
 def _read(p: Path) -> tuple[dict[str, np.ndarray], object]:
@@ -87,24 +53,11 @@ def _read(p: Path) -> tuple[dict[str, np.ndarray], object]:
 
 
 def _chains() -> list[tuple[tuple[int, ...], int]]:
-    """(prompt lengths, round) of each chain, in recording order."""
-    return [(lens, r) for lens in LENS for r in range(1 + ROUNDS)]
+    return chains(LENS, ROUNDS)
 
 
 def _anchors(lens: tuple[int, ...], r: int, k: int) -> list[int]:
-    """From the construction: step 0 of the prefill round stands at every prompt row; of a
-    decode round at the ``WIDTH`` rows just accepted; step k >= 1 at each request's last row."""
-    ends = [n + r * WIDTH for n in lens]  # the sequence lengths after round r
-    if k > 0:
-        return [e - 1 for e in ends]
-    if r == 0:
-        return [p for n in lens for p in range(n)]
-    return [p for e in ends for p in range(e - WIDTH, e)]
-
-
-def _step(name: str) -> int:
-    base = name.split("#")[0]
-    return 0 if base == "aux.0" else int(base.rsplit(".", 1)[1])
+    return anchors(lens, r, k, WIDTH)
 
 
 @pytest.fixture(scope="module")
