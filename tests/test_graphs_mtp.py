@@ -161,3 +161,26 @@ def test_a_graph_with_no_step_known_at_capture_is_counted_not_guessed(tmp_path):
     assert sorted(rec.tensors) == ["marker"]
     nr = rec.metadata.extra["cuda_graphs"]["not_recorded"]
     assert nr == {mtp_patch.UNKNOWN_STEP: {"aux.0/recycle.k": 3}}  # once per replay
+
+
+def test_the_async_recorder_writes_the_same_anchors(eager, tmp_path):
+    """The async recorder keeps a replay's anchors as a HostIndex until the dump is written."""
+    from consistency.record.async_capture import AsyncRecorder
+
+    lens = LENS[:1]
+    asy = record(tmp_path, "emulate", lens, CAPTURE_BS, STEPS, WIDTH, ROUNDS, rec_cls=AsyncRecorder)
+    for (sizes, r), a, b in zip(chains(lens, ROUNDS), eager[:1 + ROUNDS], asy, strict=True):
+        ta, ma = _read(a)
+        tb, mb = _read(b)
+        assert set(ta) == set(tb)
+        assert all(mb.tensors[n].token_index == ma.tensors[n].token_index == _anchors(sizes, r, _step(n)) for n in ta)
+
+
+def test_host_index_reads_cpu_anchors_at_once_and_resolve_leaves_lists_alone():
+    from consistency.record.graph_plan import HostIndex, resolve
+
+    idx = HostIndex(torch.tensor([[7], [3]]) - 1)
+    assert idx.value == [6, 2] and resolve({"token_index": idx, "norm": "other"}) == {"token_index": [6, 2],
+                                                                                      "norm": "other"}
+    plain = {"token_index": [1, 2]}
+    assert resolve(plain) is plain
