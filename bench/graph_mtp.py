@@ -54,8 +54,8 @@ def read(p: Path) -> tuple[dict[str, np.ndarray], object]:
 def verdict(ref: Path, cand: Path) -> dict:
     rep = compare(str(ref), str(cand))
     errs = [f for f in rep.findings if f.severity.value == "error"]
-    return {"verdict": rep.verdict, "codes": sorted({f.code for f in errs}), "tensors": sorted({f.tensor for f in errs}),
-            "summary": rep.summary[:200]}
+    return {"verdict": rep.verdict, "codes": sorted({f.code for f in errs}),
+            "tensors": sorted({f.tensor for f in errs}), "summary": rep.summary[:200]}
 
 
 def main() -> None:
@@ -120,8 +120,8 @@ def main() -> None:
             verdicts.setdefault(case, []).append({"chain": i, "lens": sizes, "round": r, **v})
         verdicts.setdefault("emulate", []).append({"chain": i, **verdict(e, m)})
     res.update(tally, max_rel_diff_vs_eager=worst, mismatched_names=bad)
-    res["compare"] = {k: {"pass": sum(v["verdict"] == "pass" for v in vs), "fail": sum(v["verdict"] == "fail" for v in vs),
-                          "chains": vs} for k, vs in verdicts.items()}
+    res["compare"] = {k: {"pass": sum(v["verdict"] == "pass" for v in vs),
+                          "fail": sum(v["verdict"] == "fail" for v in vs), "chains": vs} for k, vs in verdicts.items()}
     # what the construction says: stale fails exactly the decode rounds, on recycle.1 only; frozen fails every chain
     # on step >= 1 tensors only; the clean graph run passes every chain
     st, fr = verdicts["graph_stale"], verdicts["graph_frozen"]

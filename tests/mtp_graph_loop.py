@@ -9,13 +9,16 @@ accepts ``width`` tokens per request; the draft-extend graph
 padded to a captured size) runs step 0 over them, and the draft graph
 (``EAGLEDraftCudaGraphRunner``: ``draft_forward``, DECODE) runs steps 1..K-1 in one capture,
 advancing its positions buffer in place before each step and restoring it after, on the
-last row's post-norm state. Requests have prompts of different lengths, so the rows of one
-pass stand at different anchors. The recorder's calls are the patch's: nothing here records.
+last row's post-norm state. Both runners follow SGLang's protocol (:class:`Runner`) and are
+wrapped by consistency/record/graph_runners.py, as the released classes are. Requests have
+prompts of different lengths, so the rows of one pass stand at different anchors. The
+recorder's calls are the patch's: nothing here records.
 
 ``graphs`` picks the mode as in tests/graph_loop.py: ``None`` eager (the real rows only, as a
 ``--disable-cuda-graph`` server runs them), ``"cuda"`` ``torch.cuda.CUDAGraph`` s, ``"emulate"`` its CPU stand-in
 :class:`~tests.graph_loop.EagerGraph`. Graph-only runner bugs (:class:`Bugs`): ``stale``
-(the draft graph's hidden-state buffer refreshed at a batch's first decode round only) and
+(the draft graph's hidden-state buffer refreshed at a batch's prefill round only: every
+decode round's draft graph reads the prefill's state) and
 ``frozen_positions`` (the draft graph's positions advanced on the host at capture, not in
 the graph: every replayed step runs at the extend's last position, so its anchors are k too
 low). Used by tests/test_graphs_mtp.py and bench/graph_mtp.py.
@@ -24,20 +27,20 @@ low). Used by tests/test_graphs_mtp.py and bench/graph_mtp.py.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import torch
 
-from consistency.record import Recorder, graphs, mtp_patch
+from consistency.record import Recorder, graph_runners, mtp_patch
 from tests.graph_loop import EagerGraph
 
 
 @dataclass
 class Bugs:
-    stale: bool = False  # the draft graph's hidden input refreshed at a batch's first decode round only
+    stale: bool = False  # the draft graph's hidden input refreshed at a batch's prefill round only
     frozen_positions: bool = False  # the draft graph's steps all run at the extend's last position
 
 
@@ -46,6 +49,37 @@ def batch(mode: str, hidden: torch.Tensor) -> Any:
     fm = SimpleNamespace(is_idle=lambda: False, is_decode=lambda: mode == "decode",
                          is_extend=lambda **kw: mode != "decode")
     return SimpleNamespace(forward_mode=fm, spec_info=SimpleNamespace(hidden_states=hidden))
+
+
+class Runner:
+    """SGLang's EAGLE draft runners' protocol (0.5.17+, tests/test_graph_runners.py reads it
+    from the releases): ``capture_one_shape(size, forward)`` per batch size, and
+    ``execute(forward_batch)`` setting ``bs``, ``raw_bs`` and ``raw_num_token`` before the
+    replay; ``captured_req_width`` rows a request. Wrapped by
+    consistency/record/graph_runners.py as the runtime's classes are (labels, warm-ups not
+    recorded, the drain trimmed to the real rows the runner computed)."""
+
+    def __init__(self, make: Callable[[Callable[[], None]], Any], width: int) -> None:
+        self.make, self.captured_req_width, self.graphs = make, width, {}
+
+    def capture_one_shape(self, size: int, forward: Callable[[], None]) -> None:
+        self.graphs[size] = self.make(forward)
+
+    def execute(self, forward_batch: Any) -> None:
+        self.raw_bs, self.bs = forward_batch.raw_bs, forward_batch.bs
+        self.raw_num_token = self.raw_bs * self.captured_req_width
+        self.graphs[self.bs].replay()
+
+
+class EAGLEDraftExtendCudaGraphRunner(Runner):
+    """The draft extend (step 0) over the accepted rows, ``width`` a request."""
+
+
+class EAGLEDraftCudaGraphRunner(Runner):
+    """``draft_forward``: steps 1..K-1 in one graph, one row a request (top-k 1)."""
+
+
+graph_runners.patch_runner(Runner, graph_runners.SGLANG_CAPTURE, graph_runners.SGLANG_REPLAY, (), runtime="sglang")
 
 
 @dataclass
@@ -63,7 +97,6 @@ class Shape:
     dec_ids: torch.Tensor
     dec_pos: torch.Tensor
     drafted: torch.Tensor  # [K-1, bs] the draft tokens of steps 1..K-1
-    graphs: list[Any] = field(default_factory=list)
 
 
 class MtpLoop:
@@ -77,6 +110,7 @@ class MtpLoop:
         self.dtype = embed.weight.dtype
         self.pool = torch.cuda.graph_pool_handle() if graphs == "cuda" else None
         self.on_round: Callable[[int], None] | None = None  # called as each round (one draft chain) starts
+        self.runners = (EAGLEDraftExtendCudaGraphRunner(self._graph, width), EAGLEDraftCudaGraphRunner(self._graph, 1))
 
     def head(self, h: torch.Tensor) -> torch.Tensor:
         """The draft token of each row (tied embedding as the LM head, greedy)."""
@@ -119,27 +153,28 @@ class MtpLoop:
                   torch.zeros(bs, h, **flt), torch.zeros(bs, **long), torch.zeros(bs, **long),
                   torch.zeros(max(self.steps - 1, 1), bs, **long))
         if self.mode is not None:
-            s.graphs = [self._capture("sglang.EAGLEDraftExtendCudaGraphRunner", bs, bs * w, lambda: self.extend_step(s)),
-                        self._capture("sglang.EAGLEDraftCudaGraphRunner", bs, bs, lambda: self.draft_step(s))]
+            self.runners[0].capture_one_shape(bs, lambda: self.extend_step(s))
+            self.runners[1].capture_one_shape(bs, lambda: self.draft_step(s))
         self.shapes[bs] = s
         return s
 
-    def _capture(self, label: str, bs: int, tokens: int, fn: Callable[[], None]) -> Any:
-        with graphs.session(label, bs=bs, tokens=tokens):
-            if self.mode == "emulate":
-                g = EagerGraph()
-                g.capture(fn)
-                return g
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                for _ in range(2):  # warm-up, as the runtimes do (its captures are not recorded)
-                    fn()
-            torch.cuda.current_stream().wait_stream(side)
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g, pool=self.pool):
-                fn()
+    def _graph(self, fn: Callable[[], None]) -> Any:
+        """A runner's capture of one shape: two eager warm-ups (not recorded: the runner
+        hook's session), then the graph."""
+        if self.mode == "emulate":
+            g = EagerGraph()
+            g.capture(fn)
             return g
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                fn()
+        torch.cuda.current_stream().wait_stream(side)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, pool=self.pool):
+            fn()
+        return g
 
     def _states(self, seq: torch.Tensor) -> tuple[torch.Tensor, int]:
         """The target's post-norm states of a whole sequence and its greedy next token."""
@@ -182,8 +217,7 @@ class MtpLoop:
             if self.mode is None:
                 self.extend_step(s, real)  # eager: the real rows only (a --disable-cuda-graph server)
             else:
-                with graphs.replay_sizes(real_tokens=real * w, real_bs=real):
-                    s.graphs[0].replay()
+                self.runners[0].execute(SimpleNamespace(raw_bs=real, bs=s.bs))
             self._feed(s, real, s.last_hidden[:real], s.last_ids[:real], s.last_pos[:real], first=False)
             self._decode(s, real)
         return seqs
@@ -202,8 +236,7 @@ class MtpLoop:
         if self.mode is None:
             self.draft_step(s, real)
             return
-        with graphs.replay_sizes(real_tokens=real, real_bs=real):
-            s.graphs[1].replay()
+        self.runners[1].execute(SimpleNamespace(raw_bs=real, bs=s.bs))
 
 
 # -- recording a run: one dump per draft chain ---------------------------------------------------
