@@ -264,9 +264,10 @@ class PerChain:
         self.paths.append(self.rec.written)
 
 
-def build(device: str = "cpu", dtype: torch.dtype = torch.float32) -> tuple[Any, Any]:
+def build(device: str = "cpu", dtype: torch.dtype = torch.float32, patched: bool = True) -> tuple[Any, Any]:
     """tests/test_record_mtp.py's seeded tiny DeepSeek-V3 target and NextN draft (its
-    embedding tied), and the released SGLang forward over the draft, patched."""
+    embedding tied), and the released SGLang forward over the draft: patched, or released
+    with consistency/record/mtp_install.py's hooks (the monkey patch) on it."""
     from tests.test_patch_mtp import sglang_nextn
     from tests.test_record_mtp import MTP, target
 
@@ -277,15 +278,20 @@ def build(device: str = "cpu", dtype: torch.dtype = torch.float32) -> tuple[Any,
 
         model = copy.deepcopy(model).to(device, dtype)
         mtp = MTP(model.get_input_embeddings(), fused=True).to(device, dtype)
-    return model, (mtp, sglang_nextn(mtp))
+    nextn = sglang_nextn(mtp, patched)
+    if not patched:
+        from consistency.record import mtp_install
+
+        mtp_install.install(nextn, force=True)
+    return model, (mtp, nextn)
 
 
 def record(d: Path, mode: str | None, lens: tuple[tuple[int, ...], ...], capture_bs: tuple[int, ...], steps: int,
            width: int, rounds: int, bugs: Bugs | None = None, device: str = "cpu",
-           dtype: torch.dtype = torch.float32, rec_cls: type = Recorder) -> list[Path]:
+           dtype: torch.dtype = torch.float32, rec_cls: type = Recorder, patched: bool = True) -> list[Path]:
     """One run (batches of requests with these prompt lengths), a dump per chain, in order."""
     mtp_patch.reset()
-    model, (mtp, nextn) = build(device, dtype)
+    model, (mtp, nextn) = build(device, dtype, patched)
     loop = MtpLoop(model, nextn, mtp.embed, capture_bs, steps, width, graphs=mode, bugs=bugs)
     chains = PerChain(d, rec_cls)
     loop.on_round = chains

@@ -184,3 +184,19 @@ def test_host_index_reads_cpu_anchors_at_once_and_resolve_leaves_lists_alone():
                                                                                       "norm": "other"}
     plain = {"token_index": [1, 2]}
     assert resolve(plain) is plain
+
+
+def test_the_monkey_patch_records_the_same_under_graphs(tmp_path):
+    """mtp_install's hooks on the released forward call the same functions as the file patch:
+    under emulated graphs too, the same names, values and anchors."""
+    lens = LENS[2:]
+    a = record(tmp_path / "file", "emulate", lens, CAPTURE_BS, STEPS, WIDTH, 1)
+    b = record(tmp_path / "hooks", "emulate", lens, CAPTURE_BS, STEPS, WIDTH, 1, patched=False)
+    assert len(a) == len(b) == 2
+    for x, y in zip(a, b, strict=True):
+        tx, mx = _read(x)
+        ty, my = _read(y)
+        assert set(tx) == set(ty) and len(tx) == 5 * STEPS
+        for n in tx:
+            assert np.array_equal(tx[n], ty[n]) and mx.tensors[n].token_index == my.tensors[n].token_index, n
+            assert (mx.tensors[n].graph is None) == (my.tensors[n].graph is None), n
