@@ -21,6 +21,7 @@ from typing import Any
 
 from consistency.contract.models import DumpMetadata
 from consistency.dump import dtypes, names, safetensors_io
+from consistency.record.graph_plan import resolve
 from consistency.record.guard import Refused, check_name
 from consistency.record.recorder import Recorder
 from consistency.record.staging import StepStaging, unpack
@@ -238,7 +239,7 @@ class AsyncRecorder(Recorder):
             try:  # validated as the reader will: a bad entry is refused, never the whole recording
                 tm = TensorMeta.model_validate({"dtype": str(dt).removeprefix("torch."), "shape": list(shape),
                                                 "stride": list(stride), "contiguous": contiguous, "device": device,
-                                                "producer": producer, **meta})
+                                                "producer": producer, **resolve(meta)})
             except Exception as exc:  # noqa: BLE001
                 self.tensors.pop(key, None)
                 self._refuse(key, f"its metadata is invalid: {' '.join(str(exc).split())[:160]}")

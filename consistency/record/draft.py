@@ -86,7 +86,7 @@ def _detach(t: Any) -> Any:
 def capture_draft_step(rec: Recorder | None, step: int, *, hidden_in: Any = None, ids: Any = None,
                        embed: Any = None, cat: Any = None, out: Any = None, out_norm: Any = None,
                        rows: int | None = None, hidden_norm: NormState | str | None = None,
-                       token_index: list[int] | None = None, producer: str = "draft") -> list[str]:
+                       token_index: Any = None, producer: str = "draft") -> list[str]:
     """Record one draft step under the per-step names; returns the names written.
 
     ``rec`` None writes to the active recorder (or ``CONSISTENCY_RECORD``), like
@@ -94,7 +94,9 @@ def capture_draft_step(rec: Recorder | None, step: int, *, hidden_in: Any = None
     every tensor (a loop that computes on all T rows: pass ``shift_rows(T, step)``); a
     tensor with fewer rows than asked is refused, since that would misalign the steps.
     ``hidden_norm`` is the norm state of what ``hidden_in`` is (``final_norm`` for a
-    reference fed the target's post-norm last state).
+    reference fed the target's post-norm last state). ``token_index``: each row's anchor, a
+    list, or a device tensor (inside a CUDA-graph capture: graph-safe mode keeps it in a
+    buffer each replay refreshes, record/graphs.py).
     """
     items = [(input_name(step), hidden_in, {"norm": NormState(hidden_norm)} if hidden_norm is not None else {}),
              (names.draft(names.DRAFT_IDS, step), ids, {}),
@@ -112,7 +114,9 @@ def capture_draft_step(rec: Recorder | None, step: int, *, hidden_in: Any = None
             if have < rows:
                 raise UsageError(f"{name}: {have} rows, but step {step} should have {rows}")
             t = t[:rows]
-        if token_index is not None:
+        if hasattr(token_index, "copy_"):  # device anchors of a graph capture: rows as the pass's
+            meta = {**meta, "token_index": token_index[: t.shape[0]]}
+        elif token_index is not None:
             meta = {**meta, "token_index": [int(i) for i in token_index][: t.shape[0]]}
         if rec is not None:
             rec.capture(name, t, producer=producer, **meta)

@@ -67,6 +67,7 @@ class Entry:
     meta: dict[str, Any]
     buf: Any = None  # the device buffer the graph copies into; None: not recorded (reason) or deferred
     positions: Any = None
+    anchors: Any = None  # each row's anchor (token_index), computed on the device inside the graph
     reason: str | None = None  # why it is not recorded from this graph
     deferred: bool = False  # a host value the runtime hook supplies at replay (request ids)
     nbytes: int = 0
@@ -90,6 +91,7 @@ class Plan:
         self.label, self.bs, self.tokens, self.budget = label, bs, tokens, budget
         self.entries: list[Entry] = []
         self.cursor = 0
+        self.draft_passes = 0  # MTP draft passes made so far in the capture in progress (record/mtp_patch.py)
         self.replays = 0
         self.warned = False
 
@@ -103,25 +105,27 @@ class Plan:
     def add(self, name: str, t: Any, producer: str | None, meta: dict[str, Any]) -> None:
         """Register ``t`` (or refresh the entry at the cursor when the graph is captured again)."""
         positions = meta.pop("positions", None)
+        anchors = meta.pop("token_index", None) if hasattr(meta.get("token_index"), "copy_") else None
         reuse = self.entries[self.cursor] if self.cursor < len(self.entries) else None
         if reuse is not None and reuse.name == name and reuse.buf is None and reuse.reason is not None:
             self.cursor += 1  # still not recorded, for the same reason (said once)
             return
         if reuse is not None and (reuse.name != name or reuse.deferred or not _fits(reuse.buf, t)
-                                  or not _fits(reuse.positions, positions)):
+                                  or not _fits(reuse.positions, positions) or not _fits(reuse.anchors, anchors)):
             self._drop_from(self.cursor)
             reuse = None
         self.cursor += 1
         if reuse is not None:
             _copy(reuse.buf, t)
             _copy(reuse.positions, positions)
+            _copy(reuse.anchors, anchors)
             return
         e = Entry(name, producer, {**meta, **_layout(t)})
         self.entries.append(e)
         if not hasattr(t, "copy_") or (stream_capturing() and not getattr(t, "is_cuda", False)):
             e.reason = "host value inside a captured graph (a replay never refreshes it)"
             return
-        need = _bytes(t) + (_bytes(positions) if positions is not None else 0)
+        need = _bytes(t) + sum(_bytes(x) for x in (positions, anchors) if x is not None)
         if not self.budget.reserve(need):
             e.reason = f"over the graph-buffer budget ({ENV_BYTES}={self.budget.limit})"
             self._warn(name, need)
@@ -129,6 +133,17 @@ class Plan:
         e.nbytes = need
         e.buf = _new_copy(t)
         e.positions = _new_copy(positions) if positions is not None else None
+        e.anchors = _new_copy(anchors) if anchors is not None else None
+
+    def skip(self, name: str, reason: str) -> None:
+        """A point of this graph that is not recorded: each replay's drain says it (counted)."""
+        reuse = self.entries[self.cursor] if self.cursor < len(self.entries) else None
+        if reuse is not None and not (reuse.name == name and reuse.buf is None and reuse.reason == reason):
+            self._drop_from(self.cursor)
+            reuse = None
+        if reuse is None:
+            self.entries.append(Entry(name, None, {}, reason=reason))
+        self.cursor += 1
 
     def defer(self, name: str, producer: str | None) -> None:
         if self.cursor < len(self.entries) and not (self.entries[self.cursor].deferred
@@ -172,6 +187,39 @@ def trim(buf: Any, sizes: Replay, padded_tokens: int | None, padded_bs: int | No
     else:
         return buf, None
     return buf[:n], n
+
+
+class HostIndex:
+    """A replay's row anchors on their way to ``token_index`` (host metadata) without a wait:
+    a CUDA buffer is copied to pinned memory in stream order and read when the dump is
+    written (:func:`resolve`, after the recorder's own wait); a CPU one is read at once."""
+
+    def __init__(self, t: Any) -> None:
+        self.value: list[int] | None = None
+        self.host = self.done = None
+        if not getattr(t, "is_cuda", False):
+            self.value = [int(i) for i in t.reshape(-1).tolist()]
+            return
+        import torch
+
+        self.host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+        self.host.copy_(t, non_blocking=True)
+        self.done = torch.cuda.Event()
+        self.done.record()
+
+    def resolve(self) -> list[int]:
+        if self.value is None:
+            self.done.synchronize()
+            self.value = [int(i) for i in self.host.reshape(-1).tolist()]
+            self.host = self.done = None
+        return self.value
+
+
+def resolve(meta: dict[str, Any]) -> dict[str, Any]:
+    """``meta`` with a :class:`HostIndex` token_index read (the recorders call it before the
+    metadata model is built)."""
+    idx = meta.get("token_index")
+    return {**meta, "token_index": idx.resolve()} if isinstance(idx, HostIndex) else meta
 
 
 # -- helpers --------------------------------------------------------------------------------------

@@ -29,8 +29,8 @@ from typing import Any
 
 from consistency.record import recorder
 from consistency.record.fallback import env_count, say
-from consistency.record.graph_plan import (DEFAULT_BYTES, ENV_BYTES, Budget, Plan, Replay, Session, parse_bytes,
-                                          stream_capturing, trim)
+from consistency.record.graph_plan import (DEFAULT_BYTES, ENV_BYTES, Budget, HostIndex, Plan, Replay, Session,
+                                          parse_bytes, stream_capturing, trim)
 
 ENV_GRAPHS = "CONSISTENCY_RECORD_GRAPHS"  # "1": graph-safe mode (the autopatch turns it on)
 ENV_TOKENS = "CONSISTENCY_RECORD_TOKENS"  # patch.ENV_TOKENS: under graphs it filters on the real rows
@@ -113,7 +113,7 @@ def on_capture_begin(graph: Any) -> None:
             weakref.finalize(graph, plan.release)  # a graph's buffers go with it, and leave the budget
         except TypeError:
             pass
-    plan.cursor = 0
+    plan.cursor = plan.draft_passes = 0
     _tls.plan = plan
 
 
@@ -142,6 +142,25 @@ def intercept(rec: Any, name: str, tensor: Any, producer: str | None, meta: dict
         sess.suppressed += 1
         return True
     return False
+
+
+def draft_pass() -> int | None:
+    """How many MTP draft passes the graph being captured made before this one (and count
+    this one); None outside a capture graph-safe mode plans. Known at capture, unlike any
+    value a replay computes: record/mtp_patch.py numbers a graph's draft steps by it."""
+    plan = getattr(_tls, "plan", None)
+    if plan is None:
+        return None
+    plan.draft_passes += 1
+    return plan.draft_passes - 1
+
+
+def not_recorded(reason: str, name: str) -> None:
+    """A point of the graph being captured that is not recorded: every replay of it is
+    counted under the dump's ``cuda_graphs.not_recorded``, as a point over the budget is."""
+    plan = getattr(_tls, "plan", None)
+    if plan is not None:
+        plan.skip(name, reason)
 
 
 def defer(name: str, producer: str | None = None) -> None:
@@ -249,10 +268,12 @@ def drain(plan: Plan, sizes: Replay, rec: Any = None) -> None:
             continue
         t, kept = trim(e.buf, sizes, padded_tokens, padded_bs)
         pos = trim(e.positions, sizes, padded_tokens, padded_bs)[0] if e.positions is not None else None
+        extra = {} if e.anchors is None else \
+            {"token_index": HostIndex(trim(e.anchors, sizes, padded_tokens, padded_bs)[0])}  # no wait: read at write
         tag = GraphTag.model_construct(label=plan.label, batch_size=padded_bs, real_batch_size=sizes.real_bs,
                                        tokens=padded_tokens, real_tokens=sizes.real_tokens, replay=plan.replays,
                                        rows=int(e.buf.shape[0]) if e.buf.dim() else None, kept=kept)
-        rec.capture(e.name, t, e.producer, positions=pos, **e.meta, graph=tag)
+        rec.capture(e.name, t, e.producer, positions=pos, **e.meta, **extra, graph=tag)
 
 
 # -- helpers --------------------------------------------------------------------------------------

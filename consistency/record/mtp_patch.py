@@ -22,6 +22,22 @@ runtime: positions stay the target's and advance one per step), so ``recycle.k``
 the ``draft_norm.{k-1}`` rows they came from at equal r. Step 0 also records the target's ``input_ids``/``positions`` when its
 patch left them pending. ``CONSISTENCY_RECORD_TOKENS=T`` records the first chain whose
 step 0 has T rows (the prefill) and the later steps of that chain only.
+
+Under CUDA graphs (graph-safe mode, :mod:`consistency.record.graphs`) a pass inside a graph
+capture runs its Python once, at capture, so the step is decided from what is known then
+and nothing a replay computes is read on the host:
+
+a. the runtime's step index when it is > 0 (a graph captured for that step);
+b. SGLang's forward mode, fixed per graph: the draft-extend graph is step 0, and the draft
+   graph (``EAGLEDraftCudaGraphRunner``: ``draft_forward`` runs steps 1..N-1 in one capture)
+   numbers its decode passes 1, 2, ... in capture order, which every replay repeats;
+c. nothing else: a graph replayed for several steps with no index (vLLM's proposer, one
+   graph per size for every step >= 1) has no step at capture; its passes are counted under
+   the dump's ``cuda_graphs.not_recorded``, never recorded under a guessed name.
+
+The anchors are computed on the device inside the graph (``positions - k``, int64, a
+buffer each replay refreshes beside the pass's captures) and become each drained capture's
+``token_index`` after the replay, read without a wait when the dump is written.
 """
 
 from __future__ import annotations
@@ -30,12 +46,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from consistency.dump import names
-from consistency.record import patch, recorder
+from consistency.record import graphs, patch, recorder
 from consistency.record.fallback import env_count
 from consistency.record.draft import CONSUMER_KEY, capture_draft_step
 
 ENV_STEPS = "CONSISTENCY_DRAFT_STEPS"
 MAX_INDEX = 1 << 16  # token_index is metadata (the file's JSON header): positions of longer passes are not kept
+UNKNOWN_STEP = "MTP draft step not known at capture (no step index, no forward mode)"
 
 
 @dataclass
@@ -43,7 +60,7 @@ class _Pass:
     step: int | None = None  # the step of the pass in progress; None: this pass is not recorded
     last: int | None = None  # the step of the previous draft pass
     chain: bool = False  # the current chain's step 0 was recorded (so its later steps are too)
-    index: list[int] | None = None
+    index: Any = None  # the anchors: a host list, or under a graph capture a device tensor
 
 
 _state = _Pass()
@@ -83,8 +100,51 @@ def _decide(hint: Any, forward_batch: Any, new_target: bool) -> int:
     return k % bound if bound else k
 
 
+def _decide_in_graph(hint: Any, forward_batch: Any) -> int | None:
+    """The step of a pass inside a graph capture (module docstring, a-c), from capture-time facts only."""
+    passes = graphs.draft_pass() or 0  # counted for every pass, so the numbering never depends on which rule
+    if isinstance(hint, int) and hint > 0:
+        return hint
+    mode = getattr(forward_batch, "forward_mode", None)
+    if mode is not None and hasattr(mode, "is_decode"):
+        return 1 + passes if mode.is_decode() else 0
+    return None
+
+
+def _anchors(positions: Any, rows: int, k: int) -> Any:
+    """Each row's anchor, ``positions - k``, as an int64 device op (inside a graph: recorded into it)."""
+    pos = positions.reshape(-1) if positions is not None and hasattr(positions, "reshape") else None
+    if pos is None or pos.shape[0] != rows or rows > MAX_INDEX:
+        return None
+    import torch
+
+    return pos.to(torch.int64) - k
+
+
+def _begin_in_graph(hint: Any, input_ids: Any, positions: Any, hidden: Any, embeds: Any, forward_batch: Any,
+                    row: str | None) -> None:
+    """A pass inside a capture graph-safe mode plans: buffers and device anchors, no host reads."""
+    k = _decide_in_graph(hint, forward_batch)
+    _state.step = None
+    rows = _rows(hidden)
+    if rows == 0:
+        return
+    if k is None:
+        graphs.not_recorded(UNKNOWN_STEP, "aux.0/recycle.k")
+        return
+    _state.step, _state.index = k, _anchors(positions, rows, k)
+    if k == 0:
+        _claim(row)
+    ids = input_ids.reshape(-1) if input_ids is not None and hasattr(input_ids, "reshape") else None
+    capture_draft_step(None, k, hidden_in=hidden, ids=ids if ids is not None and _rows(ids) == rows else None,
+                       embed=embeds, token_index=_state.index, producer="runtime")
+
+
 def _begin(hint: Any, input_ids: Any, positions: Any, hidden: Any, embeds: Any, forward_batch: Any,
            row: str | None) -> None:
+    if patch.recording() and graphs.capturing():
+        _begin_in_graph(hint, input_ids, positions, hidden, embeds, forward_batch, row)
+        return
     if not patch.recording() or _capturing_graph():
         _state.step = None
         return

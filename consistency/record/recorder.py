@@ -33,6 +33,7 @@ from consistency.dump.writer import max_tensors, write_dump
 from consistency.errors import UsageError
 from consistency.record import guard
 from consistency.record.fallback import ENV_FORCE, ENV_PATH, preflight, save_safely, say, sibling  # noqa: F401
+from consistency.record.graph_plan import resolve
 from consistency.record.guard import Refused, check_name
 
 ENV_RANK0 = "CONSISTENCY_RECORD_RANK0_ONLY"
@@ -139,7 +140,7 @@ class Recorder:
     def _capture(self, name: str, tensor: Any, producer: str | None, positions: Any, meta: dict[str, Any]) -> None:
         check_name(name)
         self.check_spelling(name)
-        tm = guard.tensor_meta(tensor, producer, self.parse_meta(meta))
+        tm = guard.tensor_meta(tensor, producer, self.parse_meta(resolve(meta)))
         host = guard.host_copy(tensor)  # everything checked before anything is kept
         if len(self.tensors) >= max_tensors(self.path):
             raise Refused(f"the recording holds {len(self.tensors)} tensors, what a {self.path.suffix} dump can hold")
