@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT))
 from bench.bench_compare import child_env  # noqa: E402
 from bench.common import report  # noqa: E402
 
-MODS = ("import consistency.cli, consistency.cli.compare_cmd, consistency.diagnose.pipeline, consistency.compare.engine, "
+MODS = ("import consistency.cli, consistency.cli.compare_cmd, consistency.pipeline.compare, consistency.compare.engine, "
         "consistency.diagnose.engine, consistency.diagnose.report, consistency.compare.prepare, consistency.dump.sets, "
         "consistency.diagnose.metadiff")
 PIPELINE = (MODS + "\nimport sys, time\nt = time.perf_counter()\ntry:\n"

@@ -1,7 +1,7 @@
 """The test suite's time, as CI runs it: wall, CPU and the slowest tests, with the load around it.
 
     python bench/bench_suite.py                       # the whole suite, -n auto --dist worksteal
-    python bench/bench_suite.py tests/test_gate.py    # a subset (any pytest arguments)
+    python bench/bench_suite.py tests/gate/test_gate.py    # a subset (any pytest arguments)
     python bench/bench_suite.py --json bench/results/cpu-suite.json
 
 Issue 39's bar: the whole suite in <= 6 minutes on the 2-core machine. A wall time on a

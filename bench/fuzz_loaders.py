@@ -6,7 +6,7 @@
 
 The property (fixtures/hostile/fuzz.py): every input ends in a result or a clean
 ConsistencyError; any other exception, a hang (per-input alarm) or a leaked file
-descriptor is a failure, printed with the input that caused it. tests/test_fuzz.py runs
+descriptor is a failure, printed with the input that caused it. tests/dump/test_fuzz.py runs
 the same targets with a budget of seconds in CI; docs/security.md records a long run.
 
 atheris (libFuzzer, coverage-guided) runs in a child process, because ``atheris.Fuzz()``

@@ -4,7 +4,7 @@
     python bench/graph_mtp.py --device cpu --graphs emulate --dir DIR  # the CPU stand-in
 
 tests/mtp_graph_loop.py's SGLang-shaped runner around the released ``DeepseekModelNextN.forward``
-with its patch applied (tests/test_patch_mtp.py), over tests/test_record_mtp.py's seeded tiny
+with its patch applied (tests/record/test_patch_mtp.py), over tests/record/test_record_mtp.py's seeded tiny
 DeepSeek-V3 target and NextN draft: per batch a prefill round (the draft extend eager), then
 decode rounds whose draft extend (step 0, ``width`` rows a request) and draft steps 1..K-1
 (one graph, positions advanced in place) are graph replays per captured batch size, batches
@@ -36,7 +36,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from consistency.diagnose.pipeline import run as compare  # noqa: E402
+from consistency.pipeline.compare import compare  # noqa: E402
 from consistency.dump.reader import open_dump  # noqa: E402
 from consistency.record import Recorder, graphs  # noqa: E402
 from tests.mtp_graph_loop import Bugs, anchors, chains, record, step_of  # noqa: E402

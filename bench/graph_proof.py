@@ -40,7 +40,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from consistency.diagnose.pipeline import run as compare  # noqa: E402
+from consistency.pipeline.compare import compare  # noqa: E402
 from consistency.dump.reader import open_dump  # noqa: E402
 from consistency.record import Recorder, graphs  # noqa: E402
 from consistency.record.async_capture import AsyncRecorder  # noqa: E402

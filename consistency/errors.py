@@ -89,7 +89,7 @@ TORCH_EXTRAS = frozenset({"torch", "hf", "interop", "test"})
 def install_line(extra: str | None = None) -> str:
     """The pip command that installs this package (with ``extra``), by its distribution name,
     with how to get the CPU wheel first when the extra pulls torch. Every install hint the
-    package prints comes from here (tests/test_newcomer.py checks them against pyproject)."""
+    package prints comes from here (tests/project/test_newcomer_install.py checks them against pyproject)."""
     from consistency import DIST, TORCH_CPU_INDEX
 
     line = f"pip install '{DIST}[{extra}]'" if extra else f"pip install {DIST}"

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """The logic of the GitHub Action (action.yml): install consistency, run the gate, set outputs.
 
-Kept out of the YAML so it can be tested directly (tests/test_action.py,
-tests/test_hostile_ci.py; ``act`` is not available) and so no action input is ever pasted
+Kept out of the YAML so it can be tested directly (tests/gate/test_action.py,
+tests/gate/test_hostile_ci.py; ``act`` is not available) and so no action input is ever pasted
 into a shell script: action.yml passes inputs as environment variables / arguments only.
 Standard library only: it runs before consistency is installed. Nothing here reads the
 repository under test except through the installed ``consistency`` (the config is

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Fetch the SGLang/vLLM model sources our patches claim to apply to, for tests/test_patch_upstream.py.
+"""Fetch the SGLang/vLLM model sources our patches claim to apply to, for tests/record/test_patch_upstream.py.
 
 The engines cannot be installed in CI (CUDA wheels, GBs of dependencies), but their model
 files are plain Python inside the released wheels. For each pinned release this script
@@ -28,7 +28,7 @@ from pathlib import Path
 
 # (package, version) -> (wheel file name, sha256, platform tags): the wheels the quotes in
 # tests/test_patch_src_*.py come from and the ends of each patch's claimed range (docs/integrations);
-# tests/test_patch_upstream.py lists the same sha256 prefixes.
+# tests/record/test_patch_upstream.py lists the same sha256 prefixes.
 PINS: dict[tuple[str, str], tuple[str, str, tuple[str, ...]]] = {
     ("sglang", "0.5.12.post1"): ("sglang-0.5.12.post1-cp311-cp311-manylinux_2_34_x86_64.whl",
                                  "94b3f3cc6b97f1364f247b8d9c1d106ec63cf22c55d6b65bc40ff29b0206ef5f",

@@ -10,7 +10,7 @@ out, ``...`` inside a line for a cut, and a shown line may wrap where the termin
 (whitespace is compared collapsed). The exit code a page implies: that of its last
 ``PASS``/``FAIL`` verdict line, 2 after ``consistency: error``, else 0.
 
-The docs sweep (tests/test_docs_sweep.py) holds every page of docs/ to the same rules:
+The docs sweep (tests/project/test_docs_sweep.py) holds every page of docs/ to the same rules:
 :func:`blocks` lists each fenced block with what a reader sees just above it. A command
 block that cannot run here (a GPU, a server, a model the reader brings) says so where the
 reader sees it, in the paragraph right above it: ``*Not run by the docs test: REASON.*``

@@ -18,7 +18,7 @@ before the runtime set its capture layers: replays keep the old ones, one layer 
 ``swap_rows`` (the row index swaps the first two requests' rows) and ``no_residual`` (the
 graph path captures the block's output without the residual added: hidden.{s} - hidden.{s-1}).
 A graph-buffer budget that fits some graphs and not others is the recorder's, set by the
-caller (consistency.record.graphs.enable(budget_bytes=...)). Used by tests/test_graphs.py,
+caller (consistency.record.graphs.enable(budget_bytes=...)). Used by tests/record/test_graphs.py,
 bench/graph_proof.py and bench/graph_causes.py.
 """
 

@@ -1,7 +1,7 @@
 """An SGLang-shaped MTP draft runner, eager or under CUDA graphs (issue 36 item 4).
 
 What SGLang's EAGLE/MTP worker does with a NextN draft, in small, around the released
-``DeepseekModelNextN.forward`` with its patch applied (tests/test_patch_mtp.py
+``DeepseekModelNextN.forward`` with its patch applied (tests/record/test_patch_mtp.py
 ``sglang_nextn``): per batch, a prefill round whose draft extend (step 0 over every prompt
 row, forward mode EXTEND) runs eagerly, then decode rounds. Each decode round the target
 accepts ``width`` tokens per request; the draft-extend graph
@@ -21,7 +21,7 @@ recorder's calls are the patch's: nothing here records.
 decode round's draft graph reads the prefill's state) and
 ``frozen_positions`` (the draft graph's positions advanced on the host at capture, not in
 the graph: every replayed step runs at the extend's last position, so its anchors are k too
-low). Used by tests/test_graphs_mtp.py and bench/graph_mtp.py.
+low). Used by tests/record/test_graphs_mtp.py and bench/graph_mtp.py.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def batch(mode: str, hidden: torch.Tensor) -> Any:
 
 
 class Runner:
-    """SGLang's EAGLE draft runners' protocol (0.5.17+, tests/test_graph_runners.py reads it
+    """SGLang's EAGLE draft runners' protocol (0.5.17+, tests/record/test_graph_runners.py reads it
     from the releases): ``capture_one_shape(size, forward)`` per batch size, and
     ``execute(forward_batch)`` setting ``bs``, ``raw_bs`` and ``raw_num_token`` before the
     replay; ``captured_req_width`` rows a request. Wrapped by
@@ -265,11 +265,11 @@ class PerChain:
 
 
 def build(device: str = "cpu", dtype: torch.dtype = torch.float32, patched: bool = True) -> tuple[Any, Any]:
-    """tests/test_record_mtp.py's seeded tiny DeepSeek-V3 target and NextN draft (its
+    """tests/record/test_record_mtp.py's seeded tiny DeepSeek-V3 target and NextN draft (its
     embedding tied), and the released SGLang forward over the draft: patched, or released
     with consistency/record/mtp_install.py's hooks (the monkey patch) on it."""
-    from tests.test_patch_mtp import sglang_nextn
-    from tests.test_record_mtp import MTP, target
+    from tests.record.test_patch_mtp import sglang_nextn
+    from tests.record.test_record_mtp import MTP, target
 
     model = target()
     mtp = MTP(model.get_input_embeddings(), fused=True)

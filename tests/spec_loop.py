@@ -19,7 +19,7 @@ CUDA-graph runners of that directory): ``EAGLEWorker.forward_batch_generation`` 
 
 vLLM v1 keeps the same greedy accepted prefix plus bonus token (``v1/sample/rejection_sampler.py``).
 The draft module is replay's (:class:`consistency.replay.draft.Eagle3Draft`, proven equal to
-speculators' forward in tests/test_replay_forward.py); only its attention goes through the
+speculators' forward in tests/replay/test_replay_forward.py); only its attention goes through the
 KV cache below, so which positions it sees is this loop's, not replay's chain mask.
 """
 

@@ -8,7 +8,7 @@ the headline, ...), so docs/findings.md (generated from these rows:
 disagree about what a code means, and no module keeps its own list of codes.
 
 Code emits a finding through the constants in :data:`C` (``Finding.make(C.LAYER_MISMATCH, ...)``),
-generated from the rows: a misspelt code is an AttributeError, and tests/test_architecture.py
+generated from the rows: a misspelt code is an AttributeError, and tests/project/test_architecture.py
 fails on any code literal in the package that is not a row (docs/architecture.md, "Adding a
 finding code or a lint rule").
 """

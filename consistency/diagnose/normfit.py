@@ -75,7 +75,7 @@ def per_row_evidence(normed: np.ndarray, raw: np.ndarray, after: float, floor: f
     stream's own bf16 drift in the residual, which is 0.67 floor). Its look-alikes stay out: a
     global or per-column scale fits the column scale exactly (excess ~1), and a norm's uneven
     output against a per-token scale of itself fits a norm only to its own row spread (1.3-2.8
-    floors over 16 rows, tests/test_normfit.py), past NORM_WITHIN."""
+    floors over 16 rows, tests/diagnose/test_normfit.py), past NORM_WITHIN."""
     if after > NORM_WITHIN * floor:
         return False
     col = token_distance(normed, raw * fit_column_scale(normed, raw))

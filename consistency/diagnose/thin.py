@@ -2,7 +2,7 @@
 aux-only dump): where a slot that matches nothing lies between the streams it does record.
 
 Residual streams move monotonically with depth: on every scenario family the distance from
-stream a to stream b grows with |a - b| (tests/test_causes.py checks it on the recordings).
+stream a to stream b grows with |a - b| (tests/diagnose/test_causes.py checks it on the recordings).
 So a slot that should hold stream s and holds an unrecorded one lies *later* when it is
 closer than s itself to the next recorded stream (by a margin), and *earlier* when it is
 closer than s to the previous one; without a recorded stream beyond, later when it is

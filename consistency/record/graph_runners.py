@@ -4,7 +4,7 @@ The model patches (patches/, :mod:`consistency.record.patch`) call ``capture`` i
 model's forward; under CUDA graphs that forward runs once per graph, at capture.
 :mod:`consistency.record.graphs` turns those calls into graph buffers; what it needs from the
 runtime, these hooks supply by wrapping the runner methods that every pinned release has
-(tests/test_graph_runners.py reads them from the released wheels):
+(tests/record/test_graph_runners.py reads them from the released wheels):
 
 * **capture, per shape**: SGLang ``capture_one_batch_size(bs, forward, ...)`` (<= 0.5.17) /
   ``capture_one_shape(size, forward, ...)`` (>= 0.5.21) of the decode/verify runner and the

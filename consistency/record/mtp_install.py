@@ -2,7 +2,7 @@
 
 The same calls as patches/{sglang-deepseek_nextn,vllm-deepseek_mtp,vllm-qwen3_next_mtp}.patch
 (consistency/record/mtp_patch.py), made from forward hooks on the loaded draft, so both
-ways record the same names (tests/test_patch_mtp.py checks they record the same tensors):
+ways record the same names (tests/record/test_patch_mtp.py checks they record the same tensors):
 
 * the draft module's pre-hook: what it is fed (``aux.0`` / ``recycle.k``), its ids, its step;
 * the embedding norm's pre-hook (``enorm`` / ``pre_fc_norm_embedding``): the embedding rows

@@ -81,7 +81,7 @@ class IdsCase:
         return f"{self.layout}-{self.train}-{self.runtime or 'unnamed'}"
 
     def config(self) -> dict:
-        from test_lint_support import sglang_config
+        from tests.lint.test_lint_support import sglang_config
 
         cfg = sglang_config(ids=[s - 1 for s in S] if self.layout in ("both", "nested") else None)
         if self.layout in ("both", "top"):

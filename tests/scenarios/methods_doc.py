@@ -3,7 +3,7 @@
 ``python -m tests.scenarios.methods_doc``          prints the table
 ``python -m tests.scenarios.methods_doc --write``  replaces it in docs/methods.md (between the markers)
 
-tests/test_scenarios_mtp.py checks that every row appears in the doc with the same fields, so
+tests/compare/test_scenarios_mtp.py checks that every row appears in the doc with the same fields, so
 the doc and the table the lint rules and ``contract_for`` read cannot drift.
 """
 

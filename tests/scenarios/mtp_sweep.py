@@ -1,6 +1,6 @@
 """The MTP misses table: every CI-table case plus hypothesis draws, one line per miss.
 
-``python -m tests.scenarios.mtp --sweep 300`` (what tests/test_scenarios_mtp.py's KNOWN
+``python -m tests.scenarios.mtp --sweep 300`` (what tests/compare/test_scenarios_mtp.py's KNOWN
 tables are built from).
 """
 

@@ -112,7 +112,7 @@ def render(groups: dict, per_family: collections.Counter, ok_family: collections
 
 
 def emit_known(groups: dict) -> str:
-    """KNOWN for tests/test_scenarios.py: wrong-cause families only (a family with a hard miss
+    """KNOWN for tests/compare/test_scenarios.py: wrong-cause families only (a family with a hard miss
     anywhere is left out: its cases must stay failing)."""
     hard = {fam for (kind, fam, _s) in groups if kind in ("false_pass", "false_fail", "crash")}
     fams: dict[str, tuple[list[str], list[str]]] = {}
@@ -149,7 +149,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--random", type=int, default=0, help="add N hypothesis-drawn scenarios")
     ap.add_argument("--only", help="regex on the family name")
     ap.add_argument("--out", default="/work/notes/scenario_misses.md")
-    ap.add_argument("--emit-known", action="store_true", help="rewrite KNOWN in tests/test_scenarios.py (use with --ci)")
+    ap.add_argument("--emit-known", action="store_true", help="rewrite KNOWN in tests/compare/test_scenarios.py (use with --ci)")
     a = ap.parse_args(argv)
     np.seterr(all="ignore")
     scs = [] if a.no_tiny else cases.table()

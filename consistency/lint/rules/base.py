@@ -4,7 +4,7 @@ applies to) plus one small check.
 Codes are stable and grouped by prefix, so ``--select IDS`` picks every layer-id rule the
 way ruff's selectors do. Each rule's page ``docs/rules/<CODE>.md`` is generated from its row
 and its hand-written why and example (lint/rules_doc.py, lint/pages/<CODE>.md), and it has a
-failing and a passing test (tests/test_lint_rules.py).
+failing and a passing test (tests/lint/test_lint_rules.py).
 """
 
 from __future__ import annotations
