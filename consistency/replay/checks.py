@@ -43,7 +43,7 @@ def same_input(a: Any, b: Any) -> bool:
         return False
 
 
-MAX_SEGMENT_PAIRS = 4096  # requests of one dump tried against the other's
+MAX_SEGMENTS = 64  # requests of each dump tried (64 x 64 pairs): a run past them is not looked for
 
 
 def common_tokens(ref_ids: torch.Tensor, cand_ids: torch.Tensor, ref_path: Any, cand_path: Any,
@@ -61,8 +61,8 @@ def common_tokens(ref_ids: torch.Tensor, cand_ids: torch.Tensor, ref_path: Any, 
     cseg = cand_segments or [(0, len(cand_ids))]
     if len(rseg) > 1 or len(cseg) > 1:
         best: tuple[int, int, int] | None = None
-        for r0, r1 in rseg[:64]:
-            for c0, c1 in cseg[:64]:
+        for r0, r1 in rseg[:MAX_SEGMENTS]:
+            for c0, c1 in cseg[:MAX_SEGMENTS]:
                 _m, blocks = match(ref_ids[r0:r1].numpy(), cand_ids[c0:c1].numpy())
                 for i, j, n in blocks:
                     if best is None or n > best[2]:

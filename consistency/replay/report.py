@@ -10,14 +10,10 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from consistency.contract.codes import C
 from consistency.contract import findings as F
 from consistency.contract.findings import ReportHeader
 from consistency.contract.models import ConsumerSpec
 from consistency.contract.schema import register
-
-REPLAY_CODES = tuple(F.CODES[c] for c in (C.ACCEPTANCE_DROP, C.ACCEPTANCE_LOW, C.DRAFT_WEAK, C.REPLAY_ESTIMATE,
-                                                C.REPLAY_INCONCLUSIVE, C.SAME_INPUT))
 
 
 class StepStats(BaseModel):
