@@ -96,7 +96,10 @@ class RecordRequest:
         if spec is not None:
             from consistency.record.models import check_model_spec
 
-            check_model_spec(spec)  # a typo is named before a tokenizer is looked for
+            if check_model_spec(spec) is None and gguf is not None:  # a typo is named before a tokenizer is looked for
+                # a built-in model is built from a seed: the file would be ignored and the dump mislabelled
+                raise UsageError(f"--gguf-file {gguf}: {spec} is a built-in model (built from a seed, no GGUF "
+                                 "checkpoint); give --model the local directory holding the GGUF file")
         elif gguf is not None:
             raise UsageError("--gguf-file names a file inside the model directory: give the model as a path")
         return cls(spec if spec is not None else model, out, ids, prompt, ids_file, gguf, style,

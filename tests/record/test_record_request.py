@@ -129,3 +129,18 @@ def test_the_gate_replay_keys_are_the_request_fields(tmp_path: Path) -> None:
     cfg.write_text(head + 'overrides = {norm_output = "yes"}\n')
     with pytest.raises(InputError, match="overrides = .*expected a table of true/false values"):
         load(cfg)
+
+
+def test_a_gguf_file_beside_a_built_in_model_is_refused_not_ignored(tmp_path: Path) -> None:
+    """A built-in model has no GGUF checkpoint: ``--gguf-file`` used to be dropped in silence
+    (a dump of the seeded tiny model written as if read from the file, even a missing one)."""
+    out = tmp_path / "g.safetensors"
+    ids = tmp_path / "ids.json"
+    ids.write_text("[1, 2, 3]")
+    with pytest.raises(UsageError) as e:
+        api.record_request("tiny-llama", [1, 2, 3], out, gguf_file=tmp_path / "nothere.gguf")
+    assert "--gguf-file" in str(e.value) and "built-in" in str(e.value) and "\n" not in str(e.value)
+    r = run_cli("record", "--model", "tiny-llama", "--input-ids", str(ids), "--gguf-file", "nothere.gguf",
+                "-o", str(out))
+    assert r.returncode == 2 and "--gguf-file" in r.stderr and "built-in" in r.stderr, (r.returncode, r.stderr)
+    assert len(r.stderr.strip().splitlines()) == 1 and not out.exists()
