@@ -86,7 +86,7 @@ def lint(draft: PathLike | None = None, target: PathLike | None = None, serve: s
 def replay(reference: Any, candidate: Any, draft: PathLike, target: Any = None, *, steps: int | None = None,
            max_drop_points: float = 5.0, min_acceptance: float | None = None, feed: str = "auto",
            labels: str = "auto", overrides: Mapping[str, bool] | None = None,
-           max_drop: float | None = None) -> ReplayReport:
+           max_drop: float | None = None, **options: Any) -> ReplayReport:
     """Run the EAGLE-3 draft on both sides' aux states and predict acceptance (``consistency replay``).
 
     ``draft`` is a draft directory or a built-in fixture name; ``target`` a built-in tiny
@@ -96,6 +96,8 @@ def replay(reference: Any, candidate: Any, draft: PathLike, target: Any = None, 
 
     ``max_drop_points`` is the CLI's ``--max-drop-points`` and the gate's ``max_drop_points``;
     ``max_drop``, its name before 0.1.0's rename, still works and warns (DeprecationWarning).
+    Further options (``method``, ``layer_ids``, ``convention``: the command's and the gate's) go
+    to :class:`~consistency.replay.request.ReplayRequest`, which names an unknown one.
     """
     from consistency.errors import UsageError
     from consistency.replay.api import replay_check
@@ -113,7 +115,8 @@ def replay(reference: Any, candidate: Any, draft: PathLike, target: Any = None, 
     with _on_disk(reference, "reference") as ref, _on_disk(candidate, "candidate") as cand:
         return replay_check(_path(draft), ref, cand, target=_path(target) if isinstance(target, (str, os.PathLike))
                             else target, steps=steps, max_drop_points=max_drop_points, min_acceptance=min_acceptance,
-                            feed=feed, labels=labels, overrides=dict(overrides) if overrides else None)
+                            feed=feed, labels=labels, overrides=dict(overrides) if overrides else None,
+                            **options)
 
 
 @contextmanager

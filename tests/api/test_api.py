@@ -184,3 +184,24 @@ def test_replay_api_with_a_path_and_an_in_memory_side(tmp_path: Path, monkeypatc
     assert not list(own_tmp.iterdir())
     with pytest.raises(UsageError, match="max_drop"):
         consistency.replay(train, serve, draft="tiny-llama-eagle3", max_drop=-1)
+
+
+def test_replay_api_takes_every_option_the_command_and_the_gate_take(tmp_path: Path) -> None:
+    """``--method``, ``--layer-ids`` and ``--convention`` (and the gate's keys of the same names)
+    were a TypeError from ``consistency.replay``: the API could not replay what the command
+    replays. A bad value is the request's one line, an unknown name a usage error, and the
+    same options reach the command's verdict."""
+    ids = list(range(1, 25))
+    train = consistency.record("tiny-llama", ids, tmp_path / "train.safetensors", aux_layers=[0, 3, 7])
+    serve = consistency.record("tiny-llama", ids, tmp_path / "serve.safetensors", style="serving",
+                               aux_layers=[3, 7, 10])
+    with pytest.raises(UsageError, match="method must be one of auto, eagle3, mtp, eagle1, got 'medusa'"):
+        consistency.replay(train, serve, draft="tiny-llama-eagle3", method="medusa")
+    with pytest.raises(UsageError, match="unknown option metod"):
+        consistency.replay(train, serve, draft="tiny-llama-eagle3", metod="eagle3")
+    rep = consistency.replay(train, serve, draft="tiny-llama-eagle3", target="tiny-llama", method="eagle3",
+                             convention="stream")
+    r = run_cli("replay", str(train), str(serve), "--draft", "tiny-llama-eagle3", "--target", "tiny-llama",
+                "--method", "eagle3", "--convention", "stream", "--json", "-", "-q")
+    assert r.returncode == 1 and rep.verdict == "fail", (r.returncode, r.stderr)
+    assert json.loads(r.stdout)["summary"] == rep.summary
