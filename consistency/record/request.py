@@ -65,6 +65,9 @@ class RecordRequest:
         spec = os.fspath(model) if isinstance(model, (str, os.PathLike)) else None
         gguf = os.fspath(gguf_file) if gguf_file is not None else None
         ids_file = os.fspath(input_ids) if isinstance(input_ids, (str, os.PathLike)) else None
+        if output is not None and not isinstance(output, (str, os.PathLike)):
+            raise UsageError(f"output {output!r:.60}: expected a path (a .safetensors or .npz dump), got "
+                             f"{type(output).__name__} (record(model, input_ids, output): swapped?)")
         out = os.fspath(output) if output is not None else None
         if out is not None:
             from consistency.dump.atomic import check_outputs

@@ -144,3 +144,14 @@ def test_a_gguf_file_beside_a_built_in_model_is_refused_not_ignored(tmp_path: Pa
                 "-o", str(out))
     assert r.returncode == 2 and "--gguf-file" in r.stderr and "built-in" in r.stderr, (r.returncode, r.stderr)
     assert len(r.stderr.strip().splitlines()) == 1 and not out.exists()
+
+
+def test_an_output_that_is_not_a_path_is_a_usage_error(tmp_path: Path) -> None:
+    """``record(model, "out.safetensors", ids)`` (output and input_ids swapped) raised a bare
+    TypeError from os.fspath; it is the request's one line now, nothing written."""
+    ids = tmp_path / "out.safetensors"
+    with pytest.raises(UsageError, match=r"output \[1, 2, 3\]: expected a path .* got list"):
+        api.record("tiny-llama", ids, [1, 2, 3])  # type: ignore[arg-type]
+    with pytest.raises(UsageError, match="output 7: expected a path"):
+        RecordRequest.build("tiny-llama", 7, input_ids=[1, 2])  # type: ignore[arg-type]
+    assert not ids.exists()
