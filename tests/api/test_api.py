@@ -205,3 +205,23 @@ def test_replay_api_takes_every_option_the_command_and_the_gate_take(tmp_path: P
                 "--method", "eagle3", "--convention", "stream", "--json", "-", "-q")
     assert r.returncode == 1 and rep.verdict == "fail", (r.returncode, r.stderr)
     assert json.loads(r.stdout)["summary"] == rep.summary
+
+
+def test_the_progress_option_is_what_api_md_says(tmp_path: Path) -> None:
+    """api.md promised ``progress=True`` (a progress bar); the request drops anything that is
+    not a callable, so True showed nothing. The page names what works: a callable
+    ``(label, total) -> tick(n)`` such as the command line's bar."""
+    from consistency.report.progress import factory
+
+    text = " ".join((ROOT / "docs" / "api.md").read_text(encoding="utf-8").split())
+    assert "`progress=True`" not in text and "progress=consistency.report.progress.factory()" in text
+    a = np.arange(64, dtype=np.float32).reshape(8, 8) + 1
+    heard: list[object] = []
+
+    def make(label: str, total: int):  # noqa: ANN202 - the documented shape
+        heard.append((label, total))
+        return heard.append
+
+    assert consistency.compare({"aux.0": a}, {"aux.0": a.copy()}, progress=make).verdict == "pass"
+    assert heard and heard[0] == ("measuring", 8) and sum(n for n in heard[1:] if isinstance(n, int)) == 8
+    assert consistency.compare({"aux.0": a}, {"aux.0": a.copy()}, progress=factory()).verdict == "pass"
