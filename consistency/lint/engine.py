@@ -31,6 +31,8 @@ from consistency.lint.rules.runtimes import draft_slots
 from consistency.lint.serve import adopt_speculators, parse_serve
 from consistency.lint.trained import from_draft, parse_trained_with
 
+MISMATCH_RULE = "IDS002"  # ids-stream-mismatch: the rule that judges served against trained streams
+
 RUNTIMES = ("sglang", "vllm")
 _CONFIG_RULES = ("IDS", "SHP", "VOC", "NRM")  # findings located in the draft config by default
 
@@ -280,7 +282,7 @@ def run_lint(req: LintRequest) -> R.LintReport:
     tr = ctx.training.streams if ctx.training and aux else None
     sv = ctx.plan.streams if ctx.plan and aux else None
     rep = R.LintReport(
-        version=__version__, verdict=verdict, summary=_summary(verdict, counts, tr, sv, ctx), inputs=R.Inputs(
+        version=__version__, verdict=verdict, summary=_summary(verdict, counts, tr, sv, ctx, results), inputs=R.Inputs(
             draft=req.draft or (str(ctx.draft.path) if ctx.draft else None),
             draft_format=ctx.draft.format if ctx.draft else None, target=req.target, serve=req.serve,
             runtime=req.runtime, trained_with=req.trained_with),
@@ -301,7 +303,8 @@ def run_lint(req: LintRequest) -> R.LintReport:
     return rep
 
 
-def _summary(verdict: str, counts: dict[str, int], tr: list[int] | None, sv: list[int] | None, ctx: Context) -> str:
+def _summary(verdict: str, counts: dict[str, int], tr: list[int] | None, sv: list[int] | None, ctx: Context,
+             results: list[R.RuleResult]) -> str:
     if verdict == "not_evaluated":
         return (f"nothing was checked: every selected rule lacks an input ({counts['info']} not evaluated); give "
                 "--draft, and --serve or --runtime")
@@ -324,6 +327,11 @@ def _summary(verdict: str, counts: dict[str, int], tr: list[int] | None, sv: lis
             for r in t.readings))
     elif tr is not None:
         parts.append(f"training used {tr}" if t is not None and t.explicit else f"the draft config implies {tr}")
+        status = next((r.status for r in results if r.code == MISMATCH_RULE), None)
+        if sv is not None and list(tr) != list(sv) and status not in ("pass", "fail", "warn"):
+            # a line naming two stream lists under PASS must say that nothing judged them
+            why = "not run (--select/--ignore)" if status is None else str(status).replace("_", " ")
+            parts.append(f"the streams differ, not judged: {MISMATCH_RULE} (ids-stream-mismatch) was {why}")
     elif t is not None and "training unknown" in t.source and ctx.kind not in LAST_HIDDEN:
         parts.append("training unknown: no reading of the draft's ids gives streams inside 0..N (see assumptions)")
     if t is not None and not t.explicit and ctx.kind not in LAST_HIDDEN and (tr is not None or t.ambiguous):

@@ -202,3 +202,31 @@ def test_a_pass_without_a_runtime_says_the_serving_side_was_not_checked(tmp_path
     named = Scenario(serve=None, runtime="sglang@0.5.23", trained_with="stream:2,16,29", target=None).run(
         tmp_path / "named")
     assert "not checked: no runtime named" not in named.summary and "feeds streams" in named.summary
+
+
+@pytest.mark.parametrize("narrow", [["--select", "NRM"], ["--ignore", "IDS"]])
+def test_a_headline_naming_different_streams_says_no_selected_rule_judged_them(tmp_path: Path,
+                                                                              narrow: list[str]) -> None:
+    """``--select NRM`` printed ``PASS ... sglang@0.5.5 feeds streams [2, 6, 10]; training used
+    [1, 5, 9]``: a pass whose own line names a mismatch, with nothing saying the rule that judges
+    it (IDS002) did not run. The verdict stays the selected rules'; the line says the rest."""
+    from tests.conftest import run_cli
+
+    draft = tmp_path / "draft"
+    draft.mkdir()
+    (draft / "config.json").write_text('{"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", '
+                                       '"hidden_size": 64, "num_hidden_layers": 1, "vocab_size": 512, '
+                                       '"eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 5, 9]}}')
+    target = tmp_path / "target.json"
+    target.write_text('{"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64, '
+                      '"num_hidden_layers": 12, "vocab_size": 512}')
+    base = ["lint", "--draft", str(draft), "--target", str(target), "--runtime", "sglang@0.5.5", "--trained-with",
+            "stream:1,5,9", "-q"]
+    full = run_cli(*base)
+    assert full.returncode == 1 and "IDS002" not in full.stdout and "[2, 6, 10]" in full.stdout, full.stdout
+    r = run_cli(*base, *narrow)
+    line = r.stdout.strip()
+    assert r.returncode == 0 and "feeds streams [2, 6, 10]; training used [1, 5, 9]" in line, (r.returncode, line)
+    assert "differ" in line and "IDS002" in line and "not run" in line, line
+    same = run_cli(*base[:-2], "stream:2,6,10", "-q", *narrow)  # equal streams: nothing to add
+    assert same.returncode == 0 and "IDS002" not in same.stdout, same.stdout
