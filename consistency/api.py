@@ -56,7 +56,7 @@ def compare(reference: Any, candidate: Any, *, contract: PathLike | None = None,
     from consistency.pipeline.compare import run
     from consistency.dump.memory import as_side
 
-    req = CompareRequest.build(reference, candidate, contract=_path(contract), rtol=rtol, atol=atol,
+    req = CompareRequest.build(reference, candidate, contract=contract, rtol=rtol, atol=atol,
                                threshold=threshold, tolerance=tolerance, layer_ids=layer_ids, convention=convention,
                                **options)  # an unknown option is a usage error, named
     ref, cand = as_side(reference, "reference"), as_side(candidate, "candidate")

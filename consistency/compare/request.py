@@ -8,6 +8,7 @@ option is a usage error rather than something silently ignored.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
@@ -54,10 +55,14 @@ class CompareRequest:
             tol = (tol,)
         elif isinstance(tol, Mapping):
             tol = tuple(f"{k}={v}" for k, v in tol.items())
-        else:
+        elif isinstance(tol, (list, tuple)):
             tol = tuple(str(t) for t in tol)
+        else:
+            raise UsageError(f"tolerance: expected REGEX=FLOOR strings or a {{regex: floor}} table, got "
+                             f"{type(tol).__name__}")
         options["tolerance"] = tol
         rules_of(tol)  # validated now: a bad rule is the request's error, not a crash later
+        options["contract"] = _contract(options.get("contract"))
         for name in ("layer_ids", "ref_layer_ids", "cand_layer_ids"):
             ids = parse_ids(options.get(name), name)
             options[name] = tuple(ids) if ids is not None else None
@@ -94,6 +99,20 @@ def rules_of(specs: Sequence[str]) -> list[Rule]:
     for r in rules:
         _number(f"tolerance {r.pattern}", r.floor)
     return rules
+
+
+def _contract(value: Any) -> Any:
+    """A path (as a string) or an AuxContract; anything else is the field's error, not a
+    TypeError from deep inside the reader."""
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    from consistency.contract.models import AuxContract
+
+    if isinstance(value, AuxContract):
+        return value
+    raise UsageError(f"contract: expected a contract file (a path) or an AuxContract, got {type(value).__name__}")
 
 
 def _number(name: str, v: Any) -> None:

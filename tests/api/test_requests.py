@@ -4,6 +4,7 @@ ReplayRequest, whose validation names the field and refuses an unknown option.""
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 
@@ -91,3 +92,21 @@ def test_lint_request_is_frozen_and_normalised(tmp_path):
         req.fail_on = "warning"  # type: ignore[misc]
     with pytest.raises(UsageError, match="fail_on"):  # the API's check is the request's
         api.lint(runtime="sglang@0.5.23", fail_on="warn")
+
+
+@pytest.mark.parametrize("options, needle", [
+    ({"tolerance": 5}, "tolerance: expected REGEX=FLOOR strings or a {regex: floor} table, got int"),
+    ({"tolerance": 0.01}, "got float"),
+    ({"contract": {"slots": []}}, "contract: expected a contract file (a path) or an AuxContract, got dict"),
+    ({"contract": 3}, "got int"),
+])
+def test_an_option_of_the_wrong_type_is_a_usage_error_not_a_type_error(tmp_path, options, needle) -> None:
+    """``consistency.compare(a, b, tolerance=5)`` and ``contract={...}`` raised a bare TypeError
+    ('int' object is not iterable; os.fspath) from inside the request; both doors name the field."""
+    import consistency
+
+    a, b = tmp_path / "a.npz", tmp_path / "b.npz"
+    with pytest.raises(UsageError, match=re.escape(needle)):
+        CompareRequest.build(str(a), str(b), **options)
+    with pytest.raises(UsageError, match=re.escape(needle)):
+        consistency.compare(str(a), str(b), **options)
