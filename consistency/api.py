@@ -110,8 +110,7 @@ def replay(reference: Any, candidate: Any, draft: PathLike, target: Any = None, 
         if max_drop_points != 5.0 and max_drop_points != max_drop:
             raise UsageError(f"max_drop={max_drop} and max_drop_points={max_drop_points}: give one (max_drop_points)")
         max_drop_points = max_drop
-    if not max_drop_points >= 0:
-        raise UsageError(f"max_drop_points must be >= 0, got {max_drop_points}")
+    # its value is the request's to check (ReplayRequest: a finite number >= 0), naming the field
     with _on_disk(reference, "reference") as ref, _on_disk(candidate, "candidate") as cand:
         return replay_check(_path(draft), ref, cand, target=_path(target) if isinstance(target, (str, os.PathLike))
                             else target, steps=steps, max_drop_points=max_drop_points, min_acceptance=min_acceptance,

@@ -110,3 +110,13 @@ def test_an_option_of_the_wrong_type_is_a_usage_error_not_a_type_error(tmp_path,
         CompareRequest.build(str(a), str(b), **options)
     with pytest.raises(UsageError, match=re.escape(needle)):
         consistency.compare(str(a), str(b), **options)
+
+
+def test_replay_and_lint_options_of_the_wrong_type_are_usage_errors(tmp_path) -> None:
+    """``consistency.replay(..., max_drop_points="5")`` compared a str with 0 (TypeError)
+    before the request could name the field."""
+    import consistency
+
+    with pytest.raises(UsageError, match="max_drop_points must be a finite number >= 0, got '5'"):
+        consistency.replay(str(tmp_path / "a.npz"), str(tmp_path / "b.npz"), draft="tiny-llama-eagle3",
+                           max_drop_points="5")
