@@ -27,10 +27,16 @@ if TYPE_CHECKING:
 PathLike = str | os.PathLike  # noqa: UP007 - runtime alias
 
 
-def _codes(v: str | Sequence[str] | None) -> tuple[str, ...]:
+def _codes(v: str | Sequence[str] | None, name: str) -> tuple[str, ...]:
     if v is None:
         return ()
-    return (v,) if isinstance(v, str) else tuple(str(x) for x in v)
+    if isinstance(v, str):
+        return (v,)
+    if not isinstance(v, (list, tuple, set, frozenset)):
+        from consistency.errors import UsageError
+
+        raise UsageError(f"{name}: expected rule codes (a string or a list of strings), got {type(v).__name__}")
+    return tuple(str(x) for x in v)
 
 
 def _path(v: Any) -> str | None:
@@ -79,8 +85,8 @@ def lint(draft: PathLike | None = None, target: PathLike | None = None, serve: s
     from consistency.lint.engine import LintRequest, run_lint
 
     return run_lint(LintRequest(draft=_path(draft), target=_path(target), serve=serve, runtime=runtime,
-                                trained_with=_path(trained_with), select=_codes(select), ignore=_codes(ignore),
-                                fail_on=fail_on))
+                                trained_with=_path(trained_with), select=_codes(select, "select"),
+                                ignore=_codes(ignore, "ignore"), fail_on=fail_on))
 
 
 def replay(reference: Any, candidate: Any, draft: PathLike, target: Any = None, *, steps: int | None = None,

@@ -120,3 +120,13 @@ def test_replay_and_lint_options_of_the_wrong_type_are_usage_errors(tmp_path) ->
     with pytest.raises(UsageError, match="max_drop_points must be a finite number >= 0, got '5'"):
         consistency.replay(str(tmp_path / "a.npz"), str(tmp_path / "b.npz"), draft="tiny-llama-eagle3",
                            max_drop_points="5")
+
+
+@pytest.mark.parametrize("kw", ["select", "ignore"])
+def test_lint_codes_of_the_wrong_type_are_a_usage_error(kw: str) -> None:
+    """``consistency.lint(select=5)`` raised 'int' object is not iterable."""
+    import consistency
+
+    with pytest.raises(UsageError, match=f"{kw}: expected rule codes"):
+        consistency.lint(runtime="sglang@0.5.5", **{kw: 5})
+    assert consistency.lint(runtime="sglang@0.5.5", **{kw: ["IDS"]}).verdict in ("pass", "fail", "not_evaluated")
