@@ -22,6 +22,8 @@ from consistency.diagnose.results import finding
 from consistency.dump import names
 from consistency.dump.reader import Dump
 
+TOKEN_IDS = {names.INPUT_IDS, "token_ids"}  # which tokens a side ran, not what it computed
+
 
 def explain(cmp: Comparison) -> tuple[list[Finding], story.Story | None]:
     """All findings of a comparison, and the slot-list story when there is one."""
@@ -48,9 +50,11 @@ def explain(cmp: Comparison) -> tuple[list[Finding], story.Story | None]:
     sides, by_values = _sides(cmp), _swapped_by_values(cmp)
     findings[:0] = [f for f in sides if f.severity == Severity.error] + by_values  # a clear swap leads: it changes
     findings += [f for f in sides if f.severity != Severity.error]  # every reading (so do the values, said as such)
-    if not any(r.status in CHECKED for r in cmp.results):
-        findings.append(Finding.make(C.NOTHING_COMPARED, f"no tensor of the candidate could be compared with the "
-                                     f"reference (reference: {_names(cmp.ref.names)}; candidate: "
+    checked = [r for r in cmp.results if r.status in CHECKED]
+    if not any(r.name.split("#")[0] not in TOKEN_IDS for r in checked):  # equal token ids verify no activation
+        only = "only token ids were compared, and " if checked else ""
+        findings.append(Finding.make(C.NOTHING_COMPARED, f"{only}no tensor of the candidate could be compared with "
+                                     f"the reference (reference: {_names(cmp.ref.names)}; candidate: "
                                      f"{_names(cmp.cand.names)})"))
     for name in cmp.plan.extra:
         findings.append(Finding.make(C.EXTRA, f"{name}: only in the candidate; not compared", tensor=name))

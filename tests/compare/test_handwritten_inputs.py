@@ -328,3 +328,22 @@ def test_a_pass_on_a_neighbour_closer_than_the_noise_does_not_say_it_holds_the_e
     code, rep, _api, _raised = _all_three(tmp_path / "ref.safetensors", tmp_path / "cand.safetensors")
     head = rep["summary"]
     assert "[3, 5]" in head and "cannot tell apart" in head and "as training expects" not in head, head
+
+
+@pytest.mark.parametrize("ids_name", ["input_ids", "token_ids"])
+def test_two_files_holding_only_token_ids_compare_nothing(tmp_path, ids_name: str) -> None:
+    """Two npz files with the same token ids and no activation (a serving recording with no aux
+    slots, ``aux_layers=[]``) printed ``PASS pass: 1 tensor compared``: the token ids were
+    counted as a compared tensor though no hidden state was verified."""
+    ids = np.arange(3, 11, dtype=np.int64)
+    a, b = tmp_path / "a.npz", tmp_path / "b.npz"
+    np.savez(a, **{ids_name: ids})
+    np.savez(b, **{ids_name: ids.copy()})
+    r = run_cli("compare", str(a), str(b), "-q")
+    assert r.returncode == 1 and "NOTHING_COMPARED" in r.stdout and "PASS" not in r.stdout, (r.returncode, r.stdout)
+    rep = consistency.compare(str(a), str(b))
+    assert rep.verdict == "fail" and "NOTHING_COMPARED" in [f.code for f in rep.findings]
+    c = tmp_path / "c.npz"  # one activation beside the ids: compared, and a pass
+    np.savez(c, **{ids_name: ids, "aux.0": np.ones((8, 4), np.float32)})
+    np.savez(b, **{ids_name: ids, "aux.0": np.ones((8, 4), np.float32)})
+    assert consistency.compare(str(c), str(b)).verdict == "pass"
