@@ -93,6 +93,9 @@ class RecordRequest:
 
         check_spec(convention, "--convention")  # a typo is refused whether or not ids use it
         native = parse_ids(aux_layers, "--aux-layers")
+        if native is not None and not native:  # the command's --aux-layers "" means the defaults; [] records no slot
+            raise UsageError("--aux-layers []: no aux layer ids; give the ids, or leave the option out (serving: "
+                             "the convention's default ids)")
         ids = None
         if input_ids is not None:
             ids = tuple(int(x) for x in (_read_file(ids_file) if ids_file is not None else _ids(input_ids)))

@@ -155,3 +155,14 @@ def test_an_output_that_is_not_a_path_is_a_usage_error(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match="output 7: expected a path"):
         RecordRequest.build("tiny-llama", 7, input_ids=[1, 2])  # type: ignore[arg-type]
     assert not ids.exists()
+
+
+@pytest.mark.parametrize("style", ["training", "serving"])
+def test_an_empty_aux_layer_list_is_refused(tmp_path: Path, style: str) -> None:
+    """``aux_layers=[]`` recorded a serving dump holding input_ids alone (and a training dump
+    claiming aux streams []), where the command's ``--aux-layers ""`` means the default ids:
+    the two doors recorded different things for "no ids"."""
+    out = tmp_path / "e.safetensors"
+    with pytest.raises(UsageError, match=r"--aux-layers \[\]: no aux layer ids"):
+        api.record("tiny-llama", [1, 2, 3], out, style=style, aux_layers=[])
+    assert not out.exists()
