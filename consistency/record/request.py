@@ -85,6 +85,9 @@ class RecordRequest:
             raise UsageError(f"--capture {capture!r}: expected guarded, add or clone")
         if dtype not in DTYPES:
             raise UsageError(f"--dtype {dtype!r}: expected float32, bfloat16, float16 or float64")
+        for name, switch in (("components", components), ("logits", logits), ("force", force)):
+            if switch is not None and not isinstance(switch, bool):  # bool("no") is True
+                raise UsageError(f"{name}: expected True or False, got {switch!r:.40}")
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise UsageError(f"--seed {seed!r}: expected an integer")
         if not isinstance(convention, str):

@@ -166,3 +166,10 @@ def test_an_empty_aux_layer_list_is_refused(tmp_path: Path, style: str) -> None:
     with pytest.raises(UsageError, match=r"--aux-layers \[\]: no aux layer ids"):
         api.record("tiny-llama", [1, 2, 3], out, style=style, aux_layers=[])
     assert not out.exists()
+
+
+@pytest.mark.parametrize("field", ["components", "logits", "force"])
+def test_a_switch_that_is_not_a_bool_is_refused(tmp_path: Path, field: str) -> None:
+    """``components="no"`` was read as ``bool("no")``: True, the opposite of what was written."""
+    with pytest.raises(UsageError, match=f"{field}: expected True or False, got 'no'"):
+        RecordRequest.build("tiny-llama", tmp_path / "s.safetensors", input_ids=[1, 2], **{field: "no"})
