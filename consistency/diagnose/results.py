@@ -199,6 +199,9 @@ def _explain(ev: Evidence, r: Result, label: str, base: dict, metrics: dict) -> 
     other = _matched_other(ev, r, label, base, metrics) or causes.zero_rows(ev, r, label, base, metrics)
     if other is not None:
         return [other], r.holds_stream if other.code == C.LAYER_MISMATCH else None
+    swapped = rowgroups.explain(ev, r, label, base, metrics, every_row=True)
+    if swapped is not None and swapped.code == C.ROWS_SWAPPED:  # each row is another recorded row (requests swapped)
+        return [swapped], None
     near = ", ".join(f"{ev.cmp.name_by_values(x.name)} ({x.distance:.3g})" for x in (r.ident.ranking[:3] if r.ident else []))
     thin = causes.thin_note(ev, r)
     return [Finding.make(C.UNKNOWN, f"{label} differs from {ev.stream_name(r.expected or '')} (token rel_diff {d:.3g}, "

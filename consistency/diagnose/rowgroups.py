@@ -185,10 +185,14 @@ def provenance(ev: Evidence, r: Result, rows: list[int]) -> tuple[str, list[dict
               "rows": list(g.rows[:256]), "count": len(g.rows)} for g in gs])
 
 
-def explain(ev: Evidence, r: Result, label: str, base: dict, metrics: dict) -> Finding | None:
+def explain(ev: Evidence, r: Result, label: str, base: dict, metrics: dict, every_row: bool = False) -> Finding | None:
     """One finding naming each group of disagreeing rows and what it holds, with the rows
-    that agree; None unless every group is explained (BAD_TOKENS then says the rows)."""
-    bad = sorted(r.bad_tokens)
+    that agree; None unless every group is explained (BAD_TOKENS then says the rows).
+    ``every_row``: the slot differs at every row (no BAD_TOKENS status), so all its rows are
+    tried -- two requests' rows swapped whole leave no row agreeing, yet each row is one the
+    reference recorded for the other request."""
+    n_rows = r.metrics.per_row.size if r.metrics is not None and r.metrics.per_row is not None else 0
+    bad = list(range(n_rows)) if every_row else sorted(r.bad_tokens)
     if r.ref is None or not bad or len(bad) > MAX_ROWS or r.metrics is None:
         return None
     tol = HOLD * max(ev.cmp.pair_floor(r, user=False)[0], 1e-12)

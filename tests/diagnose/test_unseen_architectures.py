@@ -1,0 +1,65 @@
+"""Faults planted in real forward passes of architectures the repository's generators do not
+use (OLMo2 sandwich norms, built in memory, seeded): the expected answer follows from the
+construction -- which rows, streams or requests were put where.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+import consistency  # noqa: E402
+from consistency.dump.dtypes import float32_to_bf16_bits  # noqa: E402
+
+L, SLOTS = 6, [1, 3, 4]
+
+
+def _olmo2():  # noqa: ANN202
+    torch.manual_seed(0)
+    cfg = transformers.Olmo2Config(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=L,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+    return transformers.AutoModelForCausalLM.from_config(cfg).eval()
+
+
+def _streams(m, ids: list[int]) -> list[np.ndarray]:  # noqa: ANN001
+    """Streams 0..L-1 (HF's output_hidden_states[s] for s < L: pre-norm)."""
+    with torch.no_grad():
+        out = m(input_ids=torch.tensor([ids]), output_hidden_states=True)
+    return [x[0].double().numpy() for x in out.hidden_states[:L]]
+
+
+def _bf16(x: np.ndarray) -> tuple[np.ndarray, str]:
+    return float32_to_bf16_bits(np.asarray(x, np.float32)), "bfloat16"
+
+
+@pytest.mark.parametrize("rich", [True, False], ids=["rich", "thin"])
+def test_two_requests_swapped_whole_are_rows_swapped_not_unknown(rich: bool) -> None:
+    """A batch of two requests whose candidate rows are each other's (a request index mixed
+    up: request 0 got request 1's states and back) differs at every row, yet every row is a
+    row the reference recorded for the other request at the same position: ROWS_SWAPPED,
+    never UNKNOWN. The same values with the token ids swapped too are the same batch in
+    another order, and agree."""
+    m = _olmo2()
+    rng = np.random.default_rng(1)
+    ids = [rng.integers(1, 256, 20).tolist() for _ in range(2)]
+    hs = [_streams(m, x) for x in ids]
+    ref = {f"aux.{i}": np.stack([hs[0][s], hs[1][s]]).astype(np.float32) for i, s in enumerate(SLOTS)}
+    if rich:
+        ref |= {f"hidden.{s}": np.stack([hs[0][s], hs[1][s]]).astype(np.float32) for s in range(L)}
+    ref["input_ids"] = np.array(ids)
+    cand = {f"aux.{i}": _bf16(np.stack([hs[1][s], hs[0][s]])) for i, s in enumerate(SLOTS)}
+    cand["input_ids"] = np.array(ids)
+    rep = consistency.compare(ref, cand)
+    assert rep.verdict == "fail"
+    errors = {f.tensor: f for f in rep.findings if f.severity.value == "error"}
+    assert sorted(errors) == [f"aux.{i}" for i in range(len(SLOTS))]
+    for f in errors.values():
+        assert f.code == "ROWS_SWAPPED", (f.code, f.message)
+        assert "another request's row at the same position" in f.message
+        pairs = {int(k): int(v) for k, v in f.evidence["row_groups"][0]["holds_rows"].items()}
+        assert pairs == {i: (i + 20) % 40 for i in range(40)}  # row i of request 0 is row i of request 1
+    same = dict(cand, input_ids=np.array(ids[::-1]))
+    assert consistency.compare(ref, same).verdict == "pass"
