@@ -63,3 +63,43 @@ def test_two_requests_swapped_whole_are_rows_swapped_not_unknown(rich: bool) -> 
         assert pairs == {i: (i + 20) % 40 for i in range(40)}  # row i of request 0 is row i of request 1
     same = dict(cand, input_ids=np.array(ids[::-1]))
     assert consistency.compare(ref, same).verdict == "pass"
+
+
+def _top(m, ids: list[int]) -> tuple[np.ndarray, np.ndarray]:  # noqa: ANN001
+    """Stream L (a hook on the last decoder layer: pre-norm) and HF's output_hidden_states[-1]
+    (the same state after the final norm)."""
+    got = {}
+    h = m.model.layers[-1].register_forward_hook(lambda mod, i, o: got.__setitem__("x", o[0] if isinstance(o, tuple)
+                                                                                    else o))
+    with torch.no_grad():
+        out = m(input_ids=torch.tensor([ids]), output_hidden_states=True)
+    h.remove()
+    return got["x"][0].double().numpy(), out.hidden_states[-1][0].double().numpy()
+
+
+def test_hf_post_norm_last_state_in_another_slot_is_norm_applied_on_stream_n() -> None:
+    """A slot meant for stream 4 fed HF's output_hidden_states[-1] (stream L after the final
+    norm, with a trained weight): a reference recording every stream pre-norm proves it is
+    stream L normed -- NORM_APPLIED naming stream L, not UNKNOWN."""
+    m = _olmo2()
+    with torch.no_grad():
+        m.model.norm.weight.copy_(1 + 0.5 * torch.randn(64, generator=torch.Generator().manual_seed(3)))
+    ids = np.random.default_rng(2).integers(1, 256, 24).tolist()
+    hs = _streams(m, ids)
+    top, post = _top(m, ids)
+    hs.append(top)
+    ref = {f"hidden.{s}": hs[s].astype(np.float32) for s in range(L + 1)}
+    ref |= {f"aux.{i}": hs[s].astype(np.float32) for i, s in enumerate(SLOTS)}
+    ref["input_ids"] = np.array(ids)
+    cand = {"aux.0": _bf16(hs[SLOTS[0]]), "aux.1": _bf16(hs[SLOTS[1]]), "aux.2": _bf16(post),
+            "input_ids": np.array(ids)}
+    rep = consistency.compare(ref, cand)
+    assert rep.verdict == "fail"
+    errors = [f for f in rep.findings if f.severity.value == "error"]
+    assert [(f.code, f.tensor) for f in errors] == [("NORM_APPLIED", "aux.2")], [(f.code, f.message) for f in errors]
+    assert f"holds stream {L} " in errors[0].message and f"not stream {SLOTS[2]}" in errors[0].message
+    assert "with a weight" in errors[0].message
+    # the same slot holding stream L pre-norm is another stream, not a norm
+    cand["aux.2"] = _bf16(top)
+    errors = [f for f in consistency.compare(ref, cand).findings if f.severity.value == "error"]
+    assert {f.code for f in errors} == {"LAYER_MISMATCH"}
