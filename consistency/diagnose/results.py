@@ -183,6 +183,9 @@ def _explain(ev: Evidence, r: Result, label: str, base: dict, metrics: dict) -> 
                                        "partial_rows": part.partial_rows, "whole_rows": part.whole_rows,
                                        "sampled_rows": part.rows, "proven_by_ranks": part.proven_by,
                                        "approximate": not part.proven_by}, **base)], None
+    swapped = rowgroups.explain(ev, r, label, base, metrics, every_row=True)
+    if swapped is not None and swapped.code == C.ROWS_SWAPPED:  # each differing row is another recorded row
+        return [swapped], None
     worst = float(r.metrics.per_row.max()) if r.metrics.per_row is not None and r.metrics.per_row.size else d
     if r.status == Status.drift and worst <= NOT_DRIFT * r.floor:
         strict = ev.cmp.tol.elementwise_strict and r.metrics.mismatched > 0  # --rtol/--atol: any element outside fails
@@ -199,9 +202,6 @@ def _explain(ev: Evidence, r: Result, label: str, base: dict, metrics: dict) -> 
     other = _matched_other(ev, r, label, base, metrics) or causes.zero_rows(ev, r, label, base, metrics)
     if other is not None:
         return [other], r.holds_stream if other.code == C.LAYER_MISMATCH else None
-    swapped = rowgroups.explain(ev, r, label, base, metrics, every_row=True)
-    if swapped is not None and swapped.code == C.ROWS_SWAPPED:  # each row is another recorded row (requests swapped)
-        return [swapped], None
     near = ", ".join(f"{ev.cmp.name_by_values(x.name)} ({x.distance:.3g})" for x in (r.ident.ranking[:3] if r.ident else []))
     thin = causes.thin_note(ev, r)
     return [Finding.make(C.UNKNOWN, f"{label} differs from {ev.stream_name(r.expected or '')} (token rel_diff {d:.3g}, "

@@ -185,17 +185,38 @@ def provenance(ev: Evidence, r: Result, rows: list[int]) -> tuple[str, list[dict
               "rows": list(g.rows[:256]), "count": len(g.rows)} for g in gs])
 
 
+PROBE = 8  # differing rows tried first against every reference row: most slots judged whole hold no other row
+
+
+def _differing(r: Result, tol: float) -> list[int]:
+    """The rows of a slot judged whole that differ beyond ``tol``; none unless a probe of
+    them each finds another reference row within ``tol`` (a cheap refusal for drift)."""
+    assert r.ref is not None
+    n = min(r.cand.rows, r.ref.rows)
+    if n == 0 or n > MAX_ROWS or r.ref.rows > MAX_REF_ROWS or r.cand.rows != r.ref.rows:
+        return []
+    idx = np.arange(n, dtype=np.int64)
+    d = _rel(r.cand.take_rows(idx, np.float64), r.ref.take_rows(idx, np.float64))
+    bad = np.flatnonzero(~(d <= tol))
+    probe = bad[np.linspace(0, len(bad) - 1, min(PROBE, len(bad))).astype(np.int64)] if len(bad) else bad
+    if not len(probe) or not (_nearest_rows(r.ref, r.cand.take_rows(probe, np.float64))[1] <= tol).all():
+        return []
+    return bad.tolist()
+
+
 def explain(ev: Evidence, r: Result, label: str, base: dict, metrics: dict, every_row: bool = False) -> Finding | None:
     """One finding naming each group of disagreeing rows and what it holds, with the rows
     that agree; None unless every group is explained (BAD_TOKENS then says the rows).
-    ``every_row``: the slot differs at every row (no BAD_TOKENS status), so all its rows are
-    tried -- two requests' rows swapped whole leave no row agreeing, yet each row is one the
-    reference recorded for the other request."""
-    n_rows = r.metrics.per_row.size if r.metrics is not None and r.metrics.per_row is not None else 0
-    bad = list(range(n_rows)) if every_row else sorted(r.bad_tokens)
-    if r.ref is None or not bad or len(bad) > MAX_ROWS or r.metrics is None:
+    ``every_row``: the slot was judged whole (no BAD_TOKENS status: too many rows differ), so
+    the differing rows are found here -- two requests' rows swapped whole, or one request's
+    rows packed in the middle of another's, leave few or no rows agreeing, yet each
+    differing row is one the reference recorded elsewhere."""
+    if r.ref is None or r.metrics is None:
         return None
     tol = HOLD * max(ev.cmp.pair_floor(r, user=False)[0], 1e-12)
+    bad = _differing(r, tol) if every_row else sorted(r.bad_tokens)
+    if not bad or len(bad) > MAX_ROWS:
+        return None
     parts, found = [], []
     code = None
     for g in groups(ev.cmp, r, bad):

@@ -103,3 +103,31 @@ def test_hf_post_norm_last_state_in_another_slot_is_norm_applied_on_stream_n() -
     cand["aux.2"] = _bf16(top)
     errors = [f for f in consistency.compare(ref, cand).findings if f.severity.value == "error"]
     assert {f.code for f in errors} == {"LAYER_MISMATCH"}
+
+
+@pytest.mark.parametrize("rich", [True, False], ids=["rich", "thin"])
+def test_a_request_packed_inside_another_is_rows_swapped_not_drift(rich: bool) -> None:
+    """Two requests packed in one flat batch ([T1 + T2, H], ids concatenated); the candidate
+    packed request 2's rows after request 1's first 16 (a wrong start offset) while its ids
+    say the reference's order. Rows 0-15 agree; every other row is a row the reference
+    recorded elsewhere: ROWS_SWAPPED naming them -- never NUMERIC_DRIFT ('still holds stream
+    s') nor UNKNOWN, though too many rows differ for a BAD_TOKENS status."""
+    m = _olmo2()
+    rng = np.random.default_rng(4)
+    a, b = rng.integers(1, 256, 24).tolist(), rng.integers(1, 256, 16).tolist()
+    ha, hb = _streams(m, a), _streams(m, b)
+    ref = {f"aux.{i}": np.concatenate([ha[s], hb[s]]).astype(np.float32) for i, s in enumerate(SLOTS)}
+    if rich:
+        ref |= {f"hidden.{s}": np.concatenate([ha[s], hb[s]]).astype(np.float32) for s in range(L)}
+    ref["input_ids"] = np.array(a + b)
+    cand = {f"aux.{i}": _bf16(np.concatenate([ha[s][:16], hb[s], ha[s][16:]])) for i, s in enumerate(SLOTS)}
+    cand["input_ids"] = np.array(a + b)
+    rep = consistency.compare(ref, cand)
+    assert rep.verdict == "fail"
+    errors = {f.tensor: f for f in rep.findings if f.severity.value == "error"}
+    assert sorted(errors) == [f"aux.{i}" for i in range(len(SLOTS))]
+    want = {16 + j: 24 + j for j in range(16)} | {32 + j: 16 + j for j in range(8)}
+    for f in errors.values():
+        assert f.code == "ROWS_SWAPPED", (f.code, f.message)
+        held = {int(k): int(v) for g in f.evidence["row_groups"] for k, v in g.get("holds_rows", {}).items()}
+        assert held == want
