@@ -185,12 +185,12 @@ def provenance(ev: Evidence, r: Result, rows: list[int]) -> tuple[str, list[dict
               "rows": list(g.rows[:256]), "count": len(g.rows)} for g in gs])
 
 
-PROBE = 8  # differing rows tried first against every reference row: most slots judged whole hold no other row
+PROBE = NORM_MIN_ROWS  # differing rows tried first as one group: most slots judged whole hold nothing row by row
 
 
-def _differing(r: Result, tol: float) -> list[int]:
+def _differing(ev: Evidence, r: Result, tol: float) -> list[int]:
     """The rows of a slot judged whole that differ beyond ``tol``; none unless a probe of
-    them each finds another reference row within ``tol`` (a cheap refusal for drift)."""
+    them is explained as one group (a cheap refusal for drift and for noise)."""
     assert r.ref is not None
     n = min(r.cand.rows, r.ref.rows)
     if n == 0 or n > MAX_ROWS or r.ref.rows > MAX_REF_ROWS or r.cand.rows != r.ref.rows:
@@ -199,7 +199,8 @@ def _differing(r: Result, tol: float) -> list[int]:
     d = _rel(r.cand.take_rows(idx, np.float64), r.ref.take_rows(idx, np.float64))
     bad = np.flatnonzero(~(d <= tol))
     probe = bad[np.linspace(0, len(bad) - 1, min(PROBE, len(bad))).astype(np.int64)] if len(bad) else bad
-    if not len(probe) or not (_nearest_rows(r.ref, r.cand.take_rows(probe, np.float64))[1] <= tol).all():
+    c = r.cand.take_rows(probe, np.float64) if len(probe) else None
+    if c is None or not np.isfinite(c).all() or _identify(ev, r, probe, c, tol) is None:
         return []
     return bad.tolist()
 
@@ -214,7 +215,7 @@ def explain(ev: Evidence, r: Result, label: str, base: dict, metrics: dict, ever
     if r.ref is None or r.metrics is None:
         return None
     tol = HOLD * max(ev.cmp.pair_floor(r, user=False)[0], 1e-12)
-    bad = _differing(r, tol) if every_row else sorted(r.bad_tokens)
+    bad = _differing(ev, r, tol) if every_row else sorted(r.bad_tokens)
     if not bad or len(bad) > MAX_ROWS:
         return None
     parts, found = [], []

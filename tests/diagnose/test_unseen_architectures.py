@@ -131,3 +131,39 @@ def test_a_request_packed_inside_another_is_rows_swapped_not_drift(rich: bool) -
         assert f.code == "ROWS_SWAPPED", (f.code, f.message)
         held = {int(k): int(v) for g in f.evidence["row_groups"] for k, v in g.get("holds_rows", {}).items()}
         assert held == want
+
+
+def test_most_rows_another_stream_or_a_block_delta_are_said_by_rows_not_drift() -> None:
+    """Rows 8-23 of 24 (too many for a BAD_TOKENS status) hold the next stream, or the
+    layer's block delta (the residual not added), as a graph path would feed while eager
+    prefill rows agree. A rich reference names each group: LAYER_MISMATCH on those rows
+    (stream s+1), RESIDUAL_MISSING on those rows -- never NUMERIC_DRIFT ('still holds stream
+    s') nor a thin-reference offset story."""
+    m = _olmo2()
+    ids = np.random.default_rng(5).integers(1, 256, 24).tolist()
+    hs = _streams(m, ids)
+    ref = {f"hidden.{s}": hs[s].astype(np.float32) for s in range(L)}
+    ref |= {f"aux.{i}": hs[s].astype(np.float32) for i, s in enumerate(SLOTS)}
+    ref["input_ids"] = np.array(ids)
+    rows = list(range(8, 24))
+
+    def fed(build) -> dict:  # noqa: ANN001
+        out = {}
+        for i, s in enumerate(SLOTS):
+            x = hs[s].copy()
+            x[rows] = build(s)[rows]
+            out[f"aux.{i}"] = _bf16(x)
+        return out | {"input_ids": np.array(ids)}
+
+    for build, code in ((lambda s: hs[s + 1], "LAYER_MISMATCH"), (lambda s: hs[s] - hs[s - 1], "RESIDUAL_MISSING")):
+        rep = consistency.compare(ref, fed(build))
+        assert rep.verdict == "fail"
+        errors = {f.tensor: f for f in rep.findings if f.severity.value == "error"}
+        for i in (1, 2):  # slots whose block delta is far from the stream (stream 1's is not: a tiny embedding)
+            f = errors[f"aux.{i}"]
+            assert f.code == code, (f.code, f.message)
+            groups = [g for g in f.evidence["row_groups"] if g["cause"] == code]
+            assert [r for g in groups for r in g["rows"]] == rows
+            if code == "LAYER_MISMATCH":
+                assert {g["holds_stream"] for g in groups} == {SLOTS[i] + 1}
+        assert not {f.code for f in rep.findings} & {"NUMERIC_DRIFT", "LAYER_OFFSET", "UNKNOWN"}
