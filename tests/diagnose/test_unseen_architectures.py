@@ -167,3 +167,23 @@ def test_most_rows_another_stream_or_a_block_delta_are_said_by_rows_not_drift() 
             if code == "LAYER_MISMATCH":
                 assert {g["holds_stream"] for g in groups} == {SLOTS[i] + 1}
         assert not {f.code for f in rep.findings} & {"NUMERIC_DRIFT", "LAYER_OFFSET", "UNKNOWN"}
+
+
+def test_a_reference_recording_every_stream_tells_no_unmeasured_offset() -> None:
+    """Every slot fed a state between stream s and stream s+1 (s + 0.6 of layer s's delta:
+    no stream at all), against a reference recording every stream: the reference measured
+    that it is neither s nor s+1, so no 'layer offset this reference cannot measure' (in
+    streams '3..2', ranges with no stream in them) nor a 'consistent with a layer offset'
+    reading -- the slots stay unexplained."""
+    m = _olmo2()
+    ids = np.random.default_rng(6).integers(1, 256, 24).tolist()
+    hs = _streams(m, ids)
+    ref = {f"hidden.{s}": hs[s].astype(np.float32) for s in range(L)}
+    ref |= {f"aux.{i}": hs[s].astype(np.float32) for i, s in enumerate(SLOTS)}
+    ref["input_ids"] = np.array(ids)
+    cand = {f"aux.{i}": _bf16(hs[s] + 0.6 * (hs[s + 1] - hs[s])) for i, s in enumerate(SLOTS)}
+    rep = consistency.compare(ref, cand | {"input_ids": np.array(ids)})
+    assert rep.verdict == "fail"
+    said = [f.code for f in rep.findings if f.severity.value == "error"]
+    assert "LAYER_OFFSET" not in said and "cannot measure" not in rep.summary and "cannot be proven" not in rep.summary
+    assert said.count("UNKNOWN") == len(SLOTS), said
