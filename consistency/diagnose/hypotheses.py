@@ -21,7 +21,7 @@ from consistency.contract.codes import C
 from consistency.contract.findings import CODES
 from consistency.diagnose import draft_steps, stale
 from consistency.diagnose.evidence import Evidence, Explanation, fit_scalar
-from consistency.diagnose.normfit import looks_normed, norm_fit
+from consistency.diagnose.normfit import looks_normed, norm_fit, norm_words
 from consistency.diagnose.shards import partial_shard
 from consistency.dump import names
 
@@ -248,8 +248,9 @@ def norm_applied(ev: Evidence, r: Result) -> Explanation | None:
         return _last_stream_normed(ev, r, c, before, noise)
     s, n = (r.expected_stream if not r.post_norm else None), ev._num_layers()
     where = "HF's post-norm last hidden state" if s is not None and s == n else \
-        "a fused add+RMSNorm output: the next layer's input norm captured instead of the stream"
-    return Explanation(C.NORM_APPLIED, f"equals the expected tensor after {kind}{' with a weight' if weighted else ''} "
+        "a fused add+RMSNorm output: the next layer's input norm captured instead of the stream" if kind == "RMSNorm" \
+        else "the next layer's input norm captured instead of the stream"
+    return Explanation(C.NORM_APPLIED, f"equals the expected tensor after {norm_words(kind, weighted)} "
                        f"({where})", before, d, r.ref.name if r.ref else None,
                        {"norm": kind, "weighted": weighted})
 
@@ -266,8 +267,8 @@ def _last_stream_normed(ev: Evidence, r: Result, c: np.ndarray, before: float, n
     d, kind, weighted = norm_fit(c, top)
     if (c.shape[0] < 8 and weighted) or not looks_normed(c, top, d, noise) or not _exact_enough(ev, r, d):
         return None
-    return Explanation(C.NORM_APPLIED, f"holds stream {n} (the last layer's output) after {kind}"
-                       f"{' with a weight' if weighted else ''}: HF's post-norm last hidden state "
+    return Explanation(C.NORM_APPLIED, f"holds stream {n} (the last layer's output) after {norm_words(kind, weighted)}"
+                       f": HF's post-norm last hidden state "
                        f"(output_hidden_states[-1]), not stream {s}", before, d, names.hidden(n),
                        {"norm": kind, "weighted": weighted, "stream": n, "expected_stream": s})
 

@@ -25,7 +25,7 @@ from consistency.compare.engine import Comparison, Result
 from consistency.contract.codes import C
 from consistency.contract.findings import Finding
 from consistency.diagnose.evidence import Evidence
-from consistency.diagnose.normfit import looks_normed, norm_fit
+from consistency.diagnose.normfit import looks_normed, norm_fit, norm_words
 from consistency.dump.rows import origins
 
 MAX_ROWS = 4096  # disagreeing rows read whole (candidate, and the reference rows tried against them)
@@ -140,7 +140,7 @@ def _identify(ev: Evidence, r: Result, rows: np.ndarray, c: np.ndarray, tol: flo
         e = r.ref.take_rows(rows, np.float64)
         d, kind, weighted = norm_fit(c, e)
         if d <= NORM_FIT_FLOORS * tol / HOLD and looks_normed(c, e, d, tol / HOLD):
-            return (C.NORM_APPLIED, f"hold the expected stream after {kind}{' with a weight' if weighted else ''} "
+            return (C.NORM_APPLIED, f"hold the expected stream after {norm_words(kind, weighted)} "
                     "(a norm's output)", {"norm": kind, "weighted": weighted})
     if r.ref.rows <= MAX_REF_ROWS:
         j, dj = _nearest_rows(r.ref, c)

@@ -187,3 +187,30 @@ def test_a_reference_recording_every_stream_tells_no_unmeasured_offset() -> None
     said = [f.code for f in rep.findings if f.severity.value == "error"]
     assert "LAYER_OFFSET" not in said and "cannot measure" not in rep.summary and "cannot be proven" not in rep.summary
     assert said.count("UNKNOWN") == len(SLOTS), said
+
+
+def test_a_layernorm_input_norm_is_not_worded_as_a_fused_rmsnorm() -> None:
+    """GPT-NeoX (parallel blocks, LayerNorm with a bias): every slot fed the next layer's
+    input LayerNorm (trained weight and bias) of its stream. NORM_APPLIED, worded as what was
+    fitted: a LayerNorm with weight and bias -- not 'with a weight' twice, not a fused
+    add+RMSNorm (GPT-NeoX has none)."""
+    torch.manual_seed(0)
+    cfg = transformers.GPTNeoXConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=L,
+                                     num_attention_heads=4, max_position_embeddings=128)
+    m = transformers.AutoModelForCausalLM.from_config(cfg).eval()
+    g = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        for n, p in m.named_parameters():
+            if "layernorm" in n:
+                p.add_(0.3 * torch.randn(p.shape, generator=g))
+    ids = np.random.default_rng(1).integers(1, 256, 24).tolist()
+    with torch.no_grad():
+        hs = [x[0].double() for x in m(input_ids=torch.tensor([ids]), output_hidden_states=True).hidden_states[:L]]
+        normed = [m.gpt_neox.layers[s].input_layernorm(hs[s].float()).double().numpy() for s in SLOTS]
+    ref = {f"aux.{i}": hs[s].numpy().astype(np.float32) for i, s in enumerate(SLOTS)} | {"input_ids": np.array(ids)}
+    cand = {f"aux.{i}": _bf16(x) for i, x in enumerate(normed)} | {"input_ids": np.array(ids)}
+    errors = [f for f in consistency.compare(ref, cand).findings if f.severity.value == "error"]
+    assert [f.code for f in errors] == ["NORM_APPLIED"] * len(SLOTS), [(f.code, f.message) for f in errors]
+    for f in errors:
+        assert "after LayerNorm (weight and bias) (" in f.message, f.message
+        assert "RMSNorm" not in f.message and "with a weight" not in f.message
