@@ -21,7 +21,7 @@ from consistency.contract.codes import C
 from consistency.contract.findings import CODES
 from consistency.diagnose import draft_steps, stale
 from consistency.diagnose.evidence import Evidence, Explanation, fit_scalar
-from consistency.diagnose.normfit import looks_normed, norm_fit
+from consistency.diagnose.normfit import looks_normed, norm_fit, norm_words
 from consistency.diagnose.shards import partial_shard
 from consistency.dump import names
 
@@ -245,13 +245,32 @@ def norm_applied(ev: Evidence, r: Result) -> Explanation | None:
         return None  # too few rows to fit a weight honestly
     noise = ev.cmp.pair_floor(r, user=False)[0]
     if not looks_normed(c, e, d, noise) or _ref_is_normed(ev, r) or not _exact_enough(ev, r, d):
-        return None
+        return _last_stream_normed(ev, r, c, before, noise)
     s, n = (r.expected_stream if not r.post_norm else None), ev._num_layers()
     where = "HF's post-norm last hidden state" if s is not None and s == n else \
-        "a fused add+RMSNorm output: the next layer's input norm captured instead of the stream"
-    return Explanation(C.NORM_APPLIED, f"equals the expected tensor after {kind}{' with a weight' if weighted else ''} "
+        "a fused add+RMSNorm output: the next layer's input norm captured instead of the stream" if kind == "RMSNorm" \
+        else "the next layer's input norm captured instead of the stream"
+    return Explanation(C.NORM_APPLIED, f"equals the expected tensor after {norm_words(kind, weighted)} "
                        f"({where})", before, d, r.ref.name if r.ref else None,
                        {"norm": kind, "weighted": weighted})
+
+
+def _last_stream_normed(ev: Evidence, r: Result, c: np.ndarray, before: float, noise: float) -> Explanation | None:
+    """HF's ``output_hidden_states[-1]`` in a slot meant for another stream: the top stream N
+    after the final norm, provable from a reference that records stream N pre-norm (and no
+    ``final_norm`` to name). Only stream N is tried: it is the one post-norm state a side
+    reads by mistake."""
+    n, s = ev._num_layers(), (r.expected_stream if not r.post_norm else None)
+    top = ev.ref(r, names.hidden(n)) if n is not None and s is not None and s != n else None
+    if top is None or _ref_is_normed(ev, r):
+        return None
+    d, kind, weighted = norm_fit(c, top)
+    if (c.shape[0] < 8 and weighted) or not looks_normed(c, top, d, noise) or not _exact_enough(ev, r, d):
+        return None
+    return Explanation(C.NORM_APPLIED, f"holds stream {n} (the last layer's output) after {norm_words(kind, weighted)}"
+                       f": HF's post-norm last hidden state "
+                       f"(output_hidden_states[-1]), not stream {s}", before, d, names.hidden(n),
+                       {"norm": kind, "weighted": weighted, "stream": n, "expected_stream": s})
 
 
 def norm_missing(ev: Evidence, r: Result) -> Explanation | None:

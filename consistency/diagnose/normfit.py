@@ -119,3 +119,9 @@ def needs_the_norm(normed: np.ndarray, raw: np.ndarray, floor: float, after: flo
     if col > 10 * floor:
         return True
     return after is not None and col > floor and after * PER_ROW_GAIN <= col and row_spread(normed) >= FLAT_SPREAD
+
+
+def norm_words(kind: str, weighted: bool) -> str:
+    """'RMSNorm with a weight', 'LayerNorm (weight and bias)': a fit that names its weight
+    already is not said to have one twice."""
+    return f"{kind} with a weight" if weighted and "weight" not in kind else kind

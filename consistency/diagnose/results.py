@@ -183,6 +183,9 @@ def _explain(ev: Evidence, r: Result, label: str, base: dict, metrics: dict) -> 
                                        "partial_rows": part.partial_rows, "whole_rows": part.whole_rows,
                                        "sampled_rows": part.rows, "proven_by_ranks": part.proven_by,
                                        "approximate": not part.proven_by}, **base)], None
+    rows = rowgroups.explain(ev, r, label, base, metrics, every_row=True)
+    if rows is not None:  # too many rows differ for BAD_TOKENS, yet each group of them holds something known
+        return [rows], None
     worst = float(r.metrics.per_row.max()) if r.metrics.per_row is not None and r.metrics.per_row.size else d
     if r.status == Status.drift and worst <= NOT_DRIFT * r.floor:
         strict = ev.cmp.tol.elementwise_strict and r.metrics.mismatched > 0  # --rtol/--atol: any element outside fails

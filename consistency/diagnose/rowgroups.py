@@ -25,7 +25,7 @@ from consistency.compare.engine import Comparison, Result
 from consistency.contract.codes import C
 from consistency.contract.findings import Finding
 from consistency.diagnose.evidence import Evidence
-from consistency.diagnose.normfit import looks_normed, norm_fit
+from consistency.diagnose.normfit import looks_normed, norm_fit, norm_words
 from consistency.dump.rows import origins
 
 MAX_ROWS = 4096  # disagreeing rows read whole (candidate, and the reference rows tried against them)
@@ -140,7 +140,7 @@ def _identify(ev: Evidence, r: Result, rows: np.ndarray, c: np.ndarray, tol: flo
         e = r.ref.take_rows(rows, np.float64)
         d, kind, weighted = norm_fit(c, e)
         if d <= NORM_FIT_FLOORS * tol / HOLD and looks_normed(c, e, d, tol / HOLD):
-            return (C.NORM_APPLIED, f"hold the expected stream after {kind}{' with a weight' if weighted else ''} "
+            return (C.NORM_APPLIED, f"hold the expected stream after {norm_words(kind, weighted)} "
                     "(a norm's output)", {"norm": kind, "weighted": weighted})
     if r.ref.rows <= MAX_REF_ROWS:
         j, dj = _nearest_rows(r.ref, c)
@@ -185,13 +185,39 @@ def provenance(ev: Evidence, r: Result, rows: list[int]) -> tuple[str, list[dict
               "rows": list(g.rows[:256]), "count": len(g.rows)} for g in gs])
 
 
-def explain(ev: Evidence, r: Result, label: str, base: dict, metrics: dict) -> Finding | None:
+PROBE = NORM_MIN_ROWS  # differing rows tried first as one group: most slots judged whole hold nothing row by row
+
+
+def _differing(ev: Evidence, r: Result, tol: float) -> list[int]:
+    """The rows of a slot judged whole that differ beyond ``tol``; none unless a probe of
+    them is explained as one group (a cheap refusal for drift and for noise)."""
+    assert r.ref is not None
+    n = min(r.cand.rows, r.ref.rows)
+    if n == 0 or n > MAX_ROWS or r.ref.rows > MAX_REF_ROWS or r.cand.rows != r.ref.rows:
+        return []
+    idx = np.arange(n, dtype=np.int64)
+    d = _rel(r.cand.take_rows(idx, np.float64), r.ref.take_rows(idx, np.float64))
+    bad = np.flatnonzero(~(d <= tol))
+    probe = bad[np.linspace(0, len(bad) - 1, min(PROBE, len(bad))).astype(np.int64)] if len(bad) else bad
+    c = r.cand.take_rows(probe, np.float64) if len(probe) else None
+    if c is None or not np.isfinite(c).all() or _identify(ev, r, probe, c, tol) is None:
+        return []
+    return bad.tolist()
+
+
+def explain(ev: Evidence, r: Result, label: str, base: dict, metrics: dict, every_row: bool = False) -> Finding | None:
     """One finding naming each group of disagreeing rows and what it holds, with the rows
-    that agree; None unless every group is explained (BAD_TOKENS then says the rows)."""
-    bad = sorted(r.bad_tokens)
-    if r.ref is None or not bad or len(bad) > MAX_ROWS or r.metrics is None:
+    that agree; None unless every group is explained (BAD_TOKENS then says the rows).
+    ``every_row``: the slot was judged whole (no BAD_TOKENS status: too many rows differ), so
+    the differing rows are found here -- two requests' rows swapped whole, or one request's
+    rows packed in the middle of another's, leave few or no rows agreeing, yet each
+    differing row is one the reference recorded elsewhere."""
+    if r.ref is None or r.metrics is None:
         return None
     tol = HOLD * max(ev.cmp.pair_floor(r, user=False)[0], 1e-12)
+    bad = _differing(ev, r, tol) if every_row else sorted(r.bad_tokens)
+    if not bad or len(bad) > MAX_ROWS:
+        return None
     parts, found = [], []
     code = None
     for g in groups(ev.cmp, r, bad):

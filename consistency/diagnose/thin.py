@@ -193,7 +193,17 @@ def story(ev: Evidence, slots: Sequence[Result], unexplained: Sequence[bool], ca
           ref_side: str) -> Story | None:
     """The sided reading when it holds, else the bounded one (never UNKNOWN for a list that
     every measured distance says is the model's own streams, never a cause it cannot prove)."""
+    if all(_neighbours_recorded(ev, r) for r in slots):
+        return None  # a reference that records each slot's neighbours measured any offset: no reading to add
     return _sided(ev, slots, unexplained, cand_side, ref_side) or bounded(ev, slots, unexplained, cand_side, ref_side)
+
+
+def _neighbours_recorded(ev: Evidence, r: Result) -> bool:
+    """The reference records the streams on both sides of the one ``r`` should hold (or the
+    model ends there), so a layer off by one was measured, never left to a reading."""
+    s, top = (r.expected_stream if not r.post_norm else None), ev._num_layers()
+    have = set(recorded(ev, r))
+    return s is not None and (s == 0 or s - 1 in have) and (s == top or s + 1 in have)
 
 
 def _sided(ev: Evidence, slots: Sequence[Result], unexplained: Sequence[bool], cand_side: str,
@@ -219,6 +229,8 @@ def _sided(ev: Evidence, slots: Sequence[Result], unexplained: Sequence[bool], c
         return None
     side = sides.pop()
     ranges = [p.between if p is not None else None for p in ps]  # slot by slot: zipped with the claims below
+    if any(b is not None and b[1] is not None and b[1] - b[0] < 2 for b in ranges):
+        return None  # no unrecorded stream lies between two adjacent recorded ones: not a layer, whatever it is
     top = ev._num_layers()
     fmt = lambda b: f"{b[0] + 1}..{(b[1] - 1) if b[1] is not None else top if top is not None else 'N'}"  # noqa: E731
     expected = [p.expected for p in ps if p is not None]
