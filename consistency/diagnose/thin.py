@@ -136,7 +136,8 @@ def note(ev: Evidence, r: Result) -> str:
     have = recorded(ev, r)
     if (s - 1 in have or s == 0) and s + 1 in have:
         return ""
-    head = f" The reference records streams {have or 'none'}{_only(ev)}"
+    head = f" The reference records streams {have}{_only(ev)}" if have else \
+        " The reference records no stream (hidden.*) to measure the neighbours by"
     p = position(ev, r)
     if p is None or p.side is None:
         return head + ": an adjacent layer (off by one) cannot be ruled out; record every stream on the reference " \

@@ -99,6 +99,9 @@ def read_input_ids(path: str) -> np.ndarray:
         raise InputError(p, f"token ids must be integers, got {arr.dtype}")
     if arr.ndim > 2 or (arr.ndim == 2 and arr.shape[0] != 1):
         raise InputError(p, f"shape {list(arr.shape)}: expected one sequence ([T] or [1, T])")
+    if arr.dtype.kind == "u" and arr.size and int(arr.max()) > np.iinfo(np.int64).max:  # not a negative id
+        at = int(arr.reshape(-1).argmax())
+        raise InputError(p, f"token id {int(arr.reshape(-1)[at])} at position {at} does not fit in 64 bits")
     arr = arr.astype(np.int64).reshape(-1)
     if arr.size == 0:
         raise InputError(p, "no token ids")

@@ -215,4 +215,7 @@ def _ids(value: Any) -> Any:
         raise UsageError(f"--input-ids: token ids must be integers, got {flat.dtype}")
     if int(flat.min()) < 0:
         raise UsageError(f"--input-ids: negative token id {int(flat.min())}")
+    if flat.dtype.kind == "u" and int(flat.max()) > np.iinfo(np.int64).max:  # named before any cast rounds it
+        at = int(flat.argmax())
+        raise UsageError(f"--input-ids: token id {int(flat[at])} at position {at} does not fit in 64 bits")
     return flat

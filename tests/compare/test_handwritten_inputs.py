@@ -347,3 +347,15 @@ def test_two_files_holding_only_token_ids_compare_nothing(tmp_path, ids_name: st
     np.savez(c, **{ids_name: ids, "aux.0": np.ones((8, 4), np.float32)})
     np.savez(b, **{ids_name: ids, "aux.0": np.ones((8, 4), np.float32)})
     assert consistency.compare(str(c), str(b)).verdict == "pass"
+
+
+def test_a_reference_recording_no_stream_says_so_in_plain_words() -> None:
+    """A thin reference (one declared slot, no hidden.*) read 'The reference records streams
+    none only (... the highest recorded stream is not its top)': words about streams it has not got."""
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((10, 16)).astype(np.float32)
+    b = rng.standard_normal((10, 16)).astype(np.float32)
+    rep = consistency.compare({"aux.0": a}, {"aux.0": b}, layer_ids=[2])
+    assert rep.verdict == "fail"
+    assert "streams none" not in rep.summary and "highest recorded stream" not in rep.summary, rep.summary
+    assert "records no stream (hidden.*)" in rep.summary, rep.summary

@@ -173,3 +173,12 @@ def test_a_switch_that_is_not_a_bool_is_refused(tmp_path: Path, field: str) -> N
     """``components="no"`` was read as ``bool("no")``: True, the opposite of what was written."""
     with pytest.raises(UsageError, match=f"{field}: expected True or False, got 'no'"):
         RecordRequest.build("tiny-llama", tmp_path / "s.safetensors", input_ids=[1, 2], **{field: "no"})
+
+
+def test_an_api_uint64_id_past_int64_is_named_exactly(tmp_path: Path) -> None:
+    """A uint64 id of 2**63 + 5 given as an array was named '9223372036854775808' (rounded
+    through float64 on its way to the vocabulary check): the id given is named, as the file
+    reader names it."""
+    ids = np.array([1, 2**63 + 5], dtype=np.uint64)
+    with pytest.raises(UsageError, match=r"--input-ids: token id 9223372036854775813 at position 1 does not fit in 64"):
+        RecordRequest.build("tiny-llama", tmp_path / "u.safetensors", input_ids=ids)

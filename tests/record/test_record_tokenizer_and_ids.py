@@ -214,3 +214,18 @@ def test_json_ids_must_be_plain_integers(tmp_path: Path, text: str) -> None:
     with pytest.raises(InputError):
         read_input_ids(str(p))
     json.loads(text)  # each is valid JSON: the reader, not the parser, refuses it
+
+
+@pytest.mark.parametrize("suffix", [".npy", ".npz"])
+def test_a_uint64_id_past_int64_is_named_as_too_large_not_negative(tmp_path: Path, suffix: str) -> None:
+    """A uint64 id of 2**63 + 5 was cast to int64 first and refused as 'negative token id
+    -9223372036854775803': the wrong cause, for a file holding no negative number."""
+    p = tmp_path / f"ids{suffix}"
+    ids = np.array([1, 2**63 + 5], dtype=np.uint64)
+    np.save(p, ids) if suffix == ".npy" else np.savez(p, input_ids=ids)
+    with pytest.raises(InputError) as e:
+        read_input_ids(str(p))
+    msg = str(e.value)
+    assert "negative" not in msg and "9223372036854775813" in msg and "position 1" in msg, msg
+    r = run_cli("record", "--model", "tiny-llama", "--input-ids", str(p), "-o", str(tmp_path / "o.safetensors"))
+    assert r.returncode == 2 and r.stderr.strip() == f"consistency: error: {msg}", r.stderr
