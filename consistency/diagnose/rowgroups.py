@@ -26,6 +26,7 @@ from consistency.contract.codes import C
 from consistency.contract.findings import Finding
 from consistency.diagnose.evidence import Evidence
 from consistency.diagnose.normfit import looks_normed, norm_fit, norm_words
+from consistency.dump import names
 from consistency.dump.rows import origins
 
 MAX_ROWS = 4096  # disagreeing rows read whole (candidate, and the reference rows tried against them)
@@ -131,6 +132,10 @@ def _identify(ev: Evidence, r: Result, rows: np.ndarray, c: np.ndarray, tol: flo
     want = r.expected_stream
     if best is not None and best[1] != want:
         return C.LAYER_MISMATCH, f"hold{'s' if len(rows) == 1 else ''} stream {best[1]}", {"holds_stream": best[1]}
+    other = _other_slot(ev, r, rows, c, tol) if best is None else None
+    if other is not None:
+        return (C.LAYER_MISMATCH, f"hold{'s' if len(rows) == 1 else ''} what the reference put in slot "
+                f"{names.parse(other).index} ({other})", {"holds": other})
     if want is not None and want - 1 in streams and want in streams:
         delta = streams[want].take_rows(rows, np.float64) - streams[want - 1].take_rows(rows, np.float64)
         if float(_rel(c, delta).max()) <= tol:
@@ -154,6 +159,22 @@ def _identify(ev: Evidence, r: Result, rows: np.ndarray, c: np.ndarray, tol: flo
             more = ", ..." if len(pairs) > SHOW else ""
             return C.ROWS_SWAPPED, f"hold {what} (compared {shown}{more})", {"holds_rows": pairs}
     return None
+
+
+def _other_slot(ev: Evidence, r: Result, rows: np.ndarray, c: np.ndarray, tol: float) -> str | None:
+    """Another slot of a thin reference (no stream known for it) that the rows hold, the
+    nearest within ``tol``: a slot list one slot off on those rows, said as the whole-slot
+    LAYER_MISMATCH says it."""
+    assert r.ref is not None
+    best: tuple[float, str] | None = None
+    for n, v in ev.cmp.ref.tensors.items():
+        if n == r.ref.name or names.parse(n).kind != names.AUX or names.parse(n).index is None or \
+                ev.cmp.stream_by_values(n) is not None or not v.is_float or v.rows != r.ref.rows or v.cols != r.ref.cols:
+            continue
+        d = float(_rel(c, v.take_rows(rows, np.float64)).max())
+        if d <= tol and (best is None or d < best[0]):
+            best = (d, n)
+    return best[1] if best is not None else None
 
 
 def _nearest_rows(ref: Any, c: np.ndarray, block: int = 4096) -> tuple[np.ndarray, np.ndarray]:

@@ -214,3 +214,23 @@ def test_a_layernorm_input_norm_is_not_worded_as_a_fused_rmsnorm() -> None:
     for f in errors:
         assert "after LayerNorm (weight and bias) (" in f.message, f.message
         assert "RMSNorm" not in f.message and "with a weight" not in f.message
+
+
+def test_rows_holding_another_slot_of_a_thin_reference_are_named() -> None:
+    """A thin reference (aux slots only, no metadata: no stream known for any slot); the
+    candidate's slot 1 holds, at rows 16-23 only, what the reference put in slot 2 (the
+    next slot's stream: graph rows capturing a later layer). Those rows are LAYER_MISMATCH
+    naming reference slot 2 -- not BAD_TOKENS, as if they held nothing known."""
+    m = _olmo2()
+    ids = np.random.default_rng(8).integers(1, 256, 24).tolist()
+    hs = _streams(m, ids)
+    ref = {f"aux.{i}": hs[s].astype(np.float32) for i, s in enumerate(SLOTS)} | {"input_ids": np.array(ids)}
+    one = hs[SLOTS[1]].copy()
+    one[16:] = hs[SLOTS[2]][16:]
+    cand = {"aux.0": _bf16(hs[SLOTS[0]]), "aux.1": _bf16(one), "aux.2": _bf16(hs[SLOTS[2]]),
+            "input_ids": np.array(ids)}
+    errors = [f for f in consistency.compare(ref, cand).findings if f.severity.value == "error"]
+    assert [(f.code, f.tensor) for f in errors] == [("LAYER_MISMATCH", "aux.1")], [(f.code, f.message) for f in errors]
+    assert "what the reference put in slot 2 (aux.2) (8 rows)" in errors[0].message
+    groups = [g for g in errors[0].evidence["row_groups"]]
+    assert [(g["rows"], g["holds"]) for g in groups] == [(list(range(16, 24)), "aux.2")]
