@@ -41,6 +41,10 @@ def compare(reference: str, candidate: str, contract: str | None, json_out: str 
     Exit code 0 when every tensor agrees within its noise floor, 1 when something
     differs (the report says what it is), 2 for bad usage or unreadable input.
     """
+    if html_out == "-" or png_dir == "-":
+        from consistency.dump.atomic import refuse_stdout
+
+        refuse_stdout({"--html": html_out, "--png": png_dir})
     files = [out for out in (json_out, html_out) if out and out != "-"]
     if files:  # dump.atomic (tempfile, socket) only when a report file is written
         from consistency.dump.atomic import check_outputs

@@ -98,7 +98,7 @@ def gate(config_path: str, json_out: str | None, junit: str | None, sarif: str |
     written in the config stay inside its directory and out of dot-directories; --force
     is accepted from the command line only.
     """
-    from consistency.dump.atomic import check_outputs, write_text_atomic
+    from consistency.dump.atomic import check_outputs, refuse_stdout, write_text_atomic
     from consistency.errors import UsageError
     from consistency.escape import json_log, term
     from consistency.gate.config import load
@@ -127,6 +127,7 @@ def gate(config_path: str, json_out: str | None, junit: str | None, sarif: str |
     for out in (json_out, junit, sarif, summary):
         if out and out != "-" and out in (st.get("json"), st.get("junit"), st.get("sarif"), st.get("summary")):
             Path(out).parent.mkdir(parents=True, exist_ok=True)  # inside the config's tree (checked on load)
+    refuse_stdout({"--junit": junit, "--sarif": sarif, "--summary": summary})
     inputs = [config_path] + [v for c in cfg.checks for v in c.options.values() if isinstance(v, str)]
     check_outputs((json_out, junit, sarif, summary), inputs, force)  # none twice, none an input, even with --force
     if result:

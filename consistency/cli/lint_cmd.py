@@ -48,9 +48,10 @@ def lint(draft: str | None, target: str | None, serve: str | None, runtime: str 
 
         sys.stdout.write(_explain(explain))
         sys.exit(0)
-    from consistency.dump.atomic import check_outputs, write_text_atomic
+    from consistency.dump.atomic import check_outputs, refuse_stdout, write_text_atomic
     from consistency.lint.engine import LintRequest, run_lint
 
+    refuse_stdout({"--output": output})
     if output:
         check_outputs([output], (draft, target, serve, trained_with), force)
     req = LintRequest(draft=draft, target=target, serve=serve, runtime=runtime, trained_with=trained_with,

@@ -61,6 +61,8 @@ def build(cmp: Comparison, findings: list[Finding], st: story_mod.Story | None =
                     and f.severity == Severity.error]
     demoted = alignment is not None and alignment.context_differs and not alignment.only_same_context
     summary = summary_mod.summarize(cmp, findings, st, token_errors[0] if token_errors else None, demoted)
+    if alignment is not None and verdict_of(findings) == "pass":
+        summary += _tokens_compared(alignment)
     counts: dict[str, int] = {}
     for f in findings:  # every finding, the metadata ones included
         counts[f.code] = counts.get(f.code, 0) + 1
@@ -139,3 +141,13 @@ def concrete_fixes(cmp: Comparison, findings: list[Finding], slots: list[SlotRep
     return [f.model_copy(update={"autofix": fx, "fix": said if fx.status == "determined" else
                                  f"{f.fix}; {cmp.plan.cand.runtime}: {said}"})
             if f.code in _ID_CODES else f for f in findings]
+
+
+def _tokens_compared(alignment: Any) -> str:
+    """A pass says on how many of the reference's tokens it was verified when not all of them
+    were compared (a continuation that went on differently, a prefix-cache suffix, tokens one
+    side lacks): what was not checked is said, never implied by 'pass'."""
+    total, done = alignment.ref_tokens, alignment.compared
+    if not isinstance(total, int) or not isinstance(done, int) or total <= 0 or done >= total:
+        return ""
+    return f"; verified on {done} of {total} reference tokens (the other {total - done} are not on both sides)"

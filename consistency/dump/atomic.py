@@ -94,6 +94,15 @@ def check_outputs(outputs: Iterable[str | Path | None], inputs: Iterable[str | P
             taken[x] = f"output {o}"
 
 
+def refuse_stdout(named: dict[str, str | Path | None]) -> None:
+    """``-`` is stdout only for ``--json``; given to another output option (``--html -``,
+    ``lint -o -``, ``gate --junit -``) it would name a file called ``-``, written after the
+    whole run: refused before any work, in one line."""
+    for flag, value in named.items():
+        if value is not None and str(value) == "-":
+            raise UsageError(f"{flag} -: only --json writes to stdout ('-'); give {flag} a file name")
+
+
 def workspace() -> Path | None:
     """The checkout a CI job runs in (``$GITHUB_WORKSPACE``), or None outside CI."""
     w = os.environ.get("GITHUB_WORKSPACE")

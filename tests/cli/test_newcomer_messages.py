@@ -180,3 +180,27 @@ def test_every_fix_text_names_only_options_a_command_has() -> None:
     wrong = {(row.code, opt) for row in ROWS for opt in re.findall(r"(?<![\w-])--[a-z][a-z-]*[a-z]", row.fix)
              if opt not in known}
     assert not wrong, sorted(wrong)
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["compare", "{a}", "{b}", "--html", "-"], "--html"),
+    (["lint", "--draft", "tiny-llama-eagle3", "-o", "-"], "--output"),
+    (["gate", "--config", "{toml}", "--junit", "-"], "--junit"),
+])
+def test_dash_is_stdout_only_for_json(tmp: Path, argv: list[str], flag: str) -> None:
+    """``--json -`` is stdout; ``-`` given to another output option named a file called '-',
+    written after the whole run. Refused first, and no file '-' appears."""
+    import os
+
+    a, b = _dumps(tmp)
+    toml = tmp / "consistency.toml"
+    toml.write_text(f'[[compare]]\nname = "c"\nreference = "{a}"\ncandidate = "{b}"\n')
+    args = [x.format(a=a, b=b, toml=toml) for x in argv]
+    cwd = os.getcwd()
+    os.chdir(tmp)
+    try:
+        err = _one_line(run_cli(*args))
+    finally:
+        os.chdir(cwd)
+    assert f"{flag} -: only --json writes to stdout" in err, err
+    assert not (tmp / "-").exists()

@@ -359,3 +359,25 @@ def test_a_reference_recording_no_stream_says_so_in_plain_words() -> None:
     assert rep.verdict == "fail"
     assert "streams none" not in rep.summary and "highest recorded stream" not in rep.summary, rep.summary
     assert "records no stream (hidden.*)" in rep.summary, rep.summary
+
+
+def test_a_pass_on_part_of_the_tokens_says_how_many_were_verified() -> None:
+    """A candidate that went on differently after 10 of 24 tokens passes on those 10 (the rest
+    is a continuation, TOKENS_REPLACED, info): the verdict line says 10 of 24, never a bare pass."""
+    import consistency
+
+    rng = np.random.default_rng(0)
+    h = [rng.standard_normal((24, 32)).astype(np.float32) for _ in range(3)]
+    ids = np.arange(100, 124)
+    other = ids.copy()
+    other[10:] = np.arange(500, 514)
+    g = [x.copy() for x in h]
+    for x in g:
+        x[10:] = rng.standard_normal((14, 32))
+    rep = consistency.compare({"input_ids": ids, **{f"aux.{i}": h[i] for i in range(3)}},
+                              {"input_ids": other, **{f"aux.{i}": g[i] for i in range(3)}})
+    assert rep.verdict == "pass" and rep.summary.endswith("verified on 10 of 24 reference tokens (the other 14 "
+                                                          "are not on both sides)"), rep.summary
+    whole = consistency.compare({"input_ids": ids, **{f"aux.{i}": h[i] for i in range(3)}},
+                                {"input_ids": ids.copy(), **{f"aux.{i}": h[i].copy() for i in range(3)}})
+    assert whole.verdict == "pass" and "reference tokens" not in whole.summary, whole.summary
