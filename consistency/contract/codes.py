@@ -207,6 +207,11 @@ ROWS: tuple[CodeSpec, ...] = (
     CodeSpec("REF_CLAIM_CONTRADICTED", _W, "the reference's metadata claims a stream (or a recycle rule) its values "
          "are not: the values are used", "fix the producer's aux.stream_ids (or the norm state, or the consumer, it "
          "records)", source="docs/architecture.md, the evidence model: values over claims"),
+    CodeSpec("CAND_CLAIM_CONTRADICTED", _W, "the candidate claims a slot holds a stream (its metadata, or "
+         "--cand-layer-ids) its values are not: the values are what was compared", "fix what the serving side states "
+         "(its recorder's aux ids or --cand-layer-ids): a claim that disagrees with what the server fed misleads the "
+         "next reader", source="docs/architecture.md, the evidence model: the candidate's claims are compared, never "
+         "trusted; a conflict is a finding"),
     CodeSpec("SAME_INPUT", _E, "the reference and the candidate are the same file: nothing was verified",
          "compare the training dump with the serving dump (consistency compare TRAIN SERVE)",
          source="issue 24: nothing verified is never PASS", unchecked=True, leads=True),

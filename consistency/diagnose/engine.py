@@ -41,7 +41,7 @@ def explain(cmp: Comparison) -> tuple[list[Finding], story.Story | None]:
     for name in cmp.plan.missing:
         findings.append(Finding.make(C.MISSING, f"{name}: the reference has it (or the contract expects it); "
                                      f"the candidate does not", tensor=None, expected=name))
-    findings += _replicas(cmp)
+    findings += _replicas(cmp) + _cand_claims(cmp)
     if not (type(cmp.cand) is type(cmp.ref) is Dump):  # rank/stage sets only: a plain compare never loads it
         from consistency.diagnose import layout
 
@@ -108,6 +108,25 @@ def _conflicts(cmp: Comparison) -> list[Finding]:
     for c in cmp.plan.conflicts:  # about the sources, not a candidate tensor: the slot is in the evidence
         ev = {"slot": c.slot, "winner": c.winner.value, "by": c.by, **{k: v for k, v in c.detail.items()}}
         out.append(Finding.make(c.kind, words.conflict(c, n), tensor=None, evidence=ev))
+    return out
+
+
+def _cand_claims(cmp: Comparison) -> list[Finding]:
+    """The candidate's claims are compared, never trusted: a slot whose values the reference's
+    streams identify as another stream than the candidate claims is said (the values were used)."""
+    claimed = cmp.plan.cand.claimed_streams
+    if not claimed:
+        return []
+    out = []
+    for r in sorted((r for r in cmp.results if r.slot is not None), key=lambda r: r.slot or 0):
+        said = claimed[r.slot] if r.slot < len(claimed) else None
+        held = r.holds_stream
+        if said is None or held is None or said == held or r.holds == names.FINAL_NORM:
+            continue
+        out.append(Finding.make(C.CAND_CLAIM_CONTRADICTED, f"slot {r.slot} ({r.name}): the candidate claims stream "
+                                f"{said}; its values are stream {held} (identified against the reference's recorded "
+                                "streams), and the values are what was compared", tensor=r.name,
+                                evidence={"slot": r.slot, "claimed": said, "values": held}))
     return out
 
 

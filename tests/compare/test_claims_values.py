@@ -229,3 +229,23 @@ def test_the_callers_dump_keeps_its_refuted_token_index():
                       {"tensors": {"aux.0": {"token_index": list(range(1, 26))}}}, name="cand")
     run(ref, cand)
     assert cand.metadata.tensors["aux.0"].token_index == list(range(1, 26))
+
+
+def test_a_candidate_claim_its_values_contradict_is_a_finding() -> None:
+    """Values over claims, and a conflict is a finding: --cand-layer-ids 2,4 on slots whose values
+    are streams 1 and 3 (what training expects) passes on the values, with one warning a slot."""
+    import consistency
+
+    rng = np.random.default_rng(0)
+    h = [rng.standard_normal((12, 32)).astype(np.float32)]
+    for _ in range(5):
+        h.append(h[-1] + 0.3 * rng.standard_normal((12, 32)).astype(np.float32))
+    ids = np.arange(12)
+    ref = {"input_ids": ids, **{f"hidden.{i}": h[i] for i in range(6)}, "aux.0": h[1], "aux.1": h[3]}
+    cand = {"input_ids": ids, "aux.0": h[1].copy(), "aux.1": h[3].copy()}
+    rep = consistency.compare(ref, cand, cand_layer_ids=[2, 4])
+    said = [f for f in rep.findings if f.code == "CAND_CLAIM_CONTRADICTED"]
+    assert rep.verdict == "pass" and [(f.evidence["claimed"], f.evidence["values"]) for f in said] == [(2, 1), (4, 3)]
+    assert all(f.severity.value == "warning" for f in said)
+    right = consistency.compare(ref, cand, cand_layer_ids=[1, 3])
+    assert not [f for f in right.findings if f.code == "CAND_CLAIM_CONTRADICTED"]
