@@ -122,16 +122,15 @@ def run(argv: list[str] | None = None) -> None:
         click.echo("consistency: aborted", err=True)
         sys.exit(2)
     except click.ClickException as e:  # click echoes argv (a file name a glob found) raw: made inert
-        import io
-
         _suggest_choice(e)
 
         from consistency.escape import term
 
-        buf = io.StringIO()
-        e.show(file=buf)
-        for line in buf.getvalue().rstrip("\n").split("\n"):
-            click.echo(term(line), err=True)
+        # one line, as every other refusal: click's own three (usage, "Try --help", error) folded
+        ctx = getattr(e, "ctx", None)
+        where = f" (see {ctx.command_path} --help)" if ctx is not None and getattr(ctx, "command_path", None) else ""
+        msg = " ".join(e.format_message().split())
+        click.echo(f"consistency: error: {term(msg)}{term(where)}", err=True)
         sys.exit(2)
     except ConsistencyError as e:
         from consistency.escape import term  # file names and values: one inert line

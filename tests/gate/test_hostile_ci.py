@@ -499,7 +499,8 @@ def test_click_usage_errors_echo_no_workflow_command(argv: list[str], tmp_path: 
     from tests.conftest import cli
 
     r = cli(*argv, cwd=tmp_path)
-    assert r.returncode == 2 and "Error:" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert r.returncode == 2 and "consistency: error:" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
     for line in (r.stdout + r.stderr).splitlines():
         assert not line.lstrip().startswith("::") and "##[" not in line, line
     assert any(c in r.stderr for c in ("\\x3a", "\\x23")), r.stderr  # shown, escaped (the control: it was there)
