@@ -205,11 +205,12 @@ MAX_SWAP_READS = 512  # slot x stream reads a values-only swap check may make (a
 
 def _swapped_by_values(cmp: Comparison) -> list[Finding]:
     """No file says which side it is (hand-written npz, foreign dumps), but the values can: the
-    reference records only aux slots, the candidate every stream, and the reference's failing
-    slots equal streams the candidate recorded. Training is the side that records every
-    stream, so the arguments are probably swapped; said as a warning with what each slot equals,
-    since the stream names are the candidate's own claims (compared by values, never trusted).
-    An error that leads, as a swap both files state: it changes how every slot below reads."""
+    reference records only aux slots (as a server's dump does), the candidate every stream (as
+    training's does), and the reference's failing slots equal streams the candidate recorded.
+    Said with what each slot equals on both sides, read by the candidate's own stream names
+    (compared by values, never trusted): the distance between the two slot lists holds in either
+    reading; which side is training is the part the values cannot prove, so the swap is said as
+    "if". An error that leads, as a swap both files state: it changes how every slot below reads."""
     if cmp.plan.ref.side or cmp.plan.cand.side:
         return []  # metadata spoke: _sides says it
     hidden = [n for n in cmp.cand.names if names.parse(n).kind == names.HIDDEN]
@@ -217,20 +218,37 @@ def _swapped_by_values(cmp: Comparison) -> list[Finding]:
         return []
     bad = [r for r in cmp.results if r.slot is not None and r.ref is not None and r.status not in (Status.ok,)
            and r.status in CHECKED]
-    if not bad or len(bad) * len(hidden) > MAX_SWAP_READS:
+    if not bad or 2 * len(bad) * len(hidden) > MAX_SWAP_READS:
         return []
+
+    def nearest(view: Any) -> str | None:
+        floor = cmp.tol.dtype_floor(view.dtype, view.dtype)
+        near = [(d, n) for n in hidden if (d := _read_distance(view, cmp.cand[n])) <= floor]
+        return min(near)[1] if near else None
+
     equal: list[str] = []
+    ref_at, cand_at = [], []
     for r in sorted(bad, key=lambda r: r.slot or 0):
-        floor = cmp.tol.dtype_floor(r.ref.dtype, r.ref.dtype)
-        near = [(d, n) for n in hidden if (d := _read_distance(r.ref, cmp.cand[n])) <= floor]
-        if not near:
-            return []  # a slot the candidate's streams do not hold: no evidence of a swap
-        equal.append(f"reference {r.ref.name} = candidate {min(near)[1]}")
-    return [Finding.make(C.SIDES_SWAPPED, "no file says which side it is, but the values do: the reference records "
-                         "only aux slots, the candidate every stream, and " + "; ".join(equal)
-                         + ": the arguments look swapped (expected TRAINING first: the side that records every "
-                         "stream); if so, read expected/holds below the other way round",
-                         severity=Severity.error, evidence={"by": "values", "equal": equal})]
+        got = nearest(r.ref)
+        if got is None:
+            return []  # a slot the candidate's streams do not hold: no evidence either way
+        equal.append(f"reference {r.ref.name} = candidate {got}")
+        ref_at.append(names.stream_of(got))
+        cand_at.append(nearest(r.cand) if r.cand is not None else None)
+    held = [names.stream_of(c) if c is not None else None for c in cand_at]
+    apart = {h - s for h, s in zip(held, ref_at, strict=True) if h is not None and s is not None}
+    rel = ""
+    if len(apart) == 1 and None not in held:
+        d = apart.pop()
+        rel = (f"; the candidate's own slots hold its streams {held}: each is {abs(d)} stream"
+               f"{'s' if abs(d) != 1 else ''} {'later' if d > 0 else 'earlier'} than the reference's") if d else ""
+    return [Finding.make(C.SIDES_SWAPPED, "no file says which side it is; by the values, the reference's slots equal "
+                         "streams the candidate recorded (" + "; ".join(equal) + ")" + rel + ". The reference "
+                         "records only aux slots, as a server's dump does, and the candidate every stream, as "
+                         "training's does: if so, the arguments are swapped (TRAINING first) and expected/holds "
+                         "below read the other way round", severity=Severity.error,
+                         evidence={"by": "values", "equal": equal, "reference_streams": ref_at,
+                                   "candidate_streams": held})]
 
 
 def _replicas(cmp: Comparison) -> list[Finding]:

@@ -186,6 +186,9 @@ def test_swapped_arguments_are_named_by_values_when_no_file_says_its_side(tmp_pa
     first = rep.findings[0]
     assert first.code == "SIDES_SWAPPED" and rep.summary.startswith("SIDES_SWAPPED"), rep.summary
     assert first.evidence["equal"] == [f"reference aux.{j} = candidate hidden.{s}" for j, s in enumerate([2, 4, 6])]
+    # the distance between the slot lists holds in either reading; which side is training is said as "if"
+    assert first.evidence["reference_streams"] == [2, 4, 6] and first.evidence["candidate_streams"] == [1, 3, 5]
+    assert "each is 1 stream earlier than the reference's" in first.message and "if so" in first.message
     # the right order, a thin pair, and a thin reference the candidate's streams do not hold: no swap said
     assert "SIDES_SWAPPED" not in {x.code for x in consistency.compare(f["train"], f["serve"]).findings}
     assert "SIDES_SWAPPED" not in {x.code for x in consistency.compare(f["noise"], f["serve"]).findings}
