@@ -45,7 +45,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from consistency.record import capture, graphs  # noqa: E402
-from bench.decode_blocks import decode_blocks, recorder  # noqa: E402
+from bench.decode_blocks import decode_blocks, enter, leave, recorder  # noqa: E402
 from consistency.record.async_capture import AsyncRecorder  # noqa: E402
 
 MODES = ("off", "inert", "aux3", "all", "naive_aux3", "naive_all", "aux3_step", "all_step", "aux3_base", "all_base")
@@ -138,7 +138,7 @@ def run(args: argparse.Namespace) -> dict:
         hooks = Hooks(model, s[0], s[1]) if s else None
         rec = recorder(args.tmp, mode, args.baseline_tree, ring_bytes=2 << 30) if s and s[2] else None
         if rec is not None:
-            rec.__enter__()
+            enter(rec)
         try:
             with torch.no_grad():
                 cache = {}
@@ -157,6 +157,7 @@ def run(args: argparse.Namespace) -> dict:
             if rec is not None:
                 rec.wait()
                 dropped[mode] = dropped.get(mode, 0) + sum(rec.dropped.values())
+                leave(rec)
                 rec.discard()  # only the capture path is timed; writing is measured by bench_compare
             if hooks is not None:
                 hooks.remove()

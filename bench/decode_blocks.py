@@ -39,7 +39,7 @@ def decode_blocks(model: Any, ids: torch.Tensor, modes: list[str], hooks_for: Ca
                 pkv = copy.deepcopy(base)
                 hooks, rec = hooks_for(m), recs.get(m)
                 if rec is not None:
-                    rec.__enter__()
+                    enter(rec)
                 try:
                     def run(pkv: Any = pkv) -> None:
                         nxt = first
@@ -51,7 +51,7 @@ def decode_blocks(model: Any, ids: torch.Tensor, modes: list[str], hooks_for: Ca
                     row[m] = timed(run) / steps
                 finally:
                     if rec is not None:
-                        rec._deactivate()
+                        leave(rec)
                     if hooks is not None:
                         hooks.remove()
                         hooks.sink.clear()
@@ -84,12 +84,49 @@ def recorder(tmp: Path, mode: str, baseline: Path | None = None, ring_bytes: int
 
 
 def _baseline(tree: Path | None) -> Any:
-    import importlib.util
-
     if tree is None:
         raise SystemExit("the *_base modes need --baseline-tree")
-    spec = importlib.util.spec_from_file_location("baseline_async_capture", tree / "consistency/record/async_capture.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.AsyncRecorder
+    return load_baseline(tree)[0]
+
+
+def load_baseline(tree: Path) -> tuple[Any, Any]:
+    """``tree``'s AsyncRecorder and capture(), with its whole ``consistency`` package (staging,
+    recorder, pinned ring: a change to any of them is part of the before/after), imported
+    under the same names and then put aside so this checkout's modules stay in place."""
+    import importlib
+    import sys
+
+    def ours() -> dict[str, Any]:
+        return {k: v for k, v in sys.modules.items() if k == "consistency" or k.startswith("consistency.")}
+
+    mine = ours()
+    for k in mine:
+        del sys.modules[k]
+    sys.path.insert(0, str(tree))
+    try:
+        mod = importlib.import_module("consistency.record.async_capture")
+        api = importlib.import_module("consistency.record")
+    finally:
+        sys.path.remove(str(tree))
+        for k in ours():
+            del sys.modules[k]
+        sys.modules.update(mine)
+    return mod.AsyncRecorder, api.capture
+
+
+def enter(rec: Any) -> None:
+    """Activate ``rec`` for this checkout's capture() too (a baseline's recorder activates its own)."""
+    from consistency.record import recorder as mine
+
+    rec.__enter__()
+    if not isinstance(rec, mine.Recorder):
+        rec._ours_previous = mine._active
+        mine._active = rec
+
+
+def leave(rec: Any) -> None:
+    from consistency.record import recorder as mine
+
+    rec._deactivate()
+    if mine._active is rec:
+        mine._active = getattr(rec, "_ours_previous", None)

@@ -24,7 +24,7 @@ from consistency.dump import dtypes, names, safetensors_io
 from consistency.record.graph_plan import resolve
 from consistency.record.guard import Refused, check_name
 from consistency.record.recorder import Recorder
-from consistency.record.staging import StepStaging, unpack
+from consistency.record.staging import StepStaging, copy_out, views
 
 
 def _torch_dtype(t: Any) -> str:
@@ -63,6 +63,11 @@ class AsyncRecorder(Recorder):
         self.flush_bytes = flush_bytes  # staged steps go to the host together once they hold this (0: every step)
         self._staging: Any = None  # record/staging.py: a step's small captures, one D2H per step
         self._checked: set[str] = set()  # names that passed check_name (the hot path checks each once)
+        # name -> (dtype, shape, stride, producer, layout facts, selected bytes): a decode step
+        # captures the same points with the same layout step after step, so what was checked and
+        # built for one capture is reused for the next (33 captures a step with every stream)
+        self._hot: dict[str, tuple] = {}
+        self._unpacked: list[tuple[Any, list]] = []  # batches copied to the host, split into captures at wait()
         self._dtypes_ok = _StorableDtypes()
         self._lock = threading.Lock()
         self._queue: queue.Queue[tuple[str, Any, Any, Any] | None] = queue.Queue()
@@ -110,34 +115,29 @@ class AsyncRecorder(Recorder):
                 if self.counts.get(name, 0) == kept:  # refused: what it reserved goes back to later captures
                     self._unreserve(nbytes)
             return
-        import torch
-
-        if name not in self._checked:
-            check_name(name)
-            self.check_spelling(name)
-            self._checked.add(name)
-        meta = self.parse_meta(meta) if meta else meta
-        if tensor.dtype not in self._dtypes_ok or tensor.dim() > safetensors_io.MAX_RANK:
-            raise Refused(f"dtype {_torch_dtype(tensor)} with rank {tensor.dim()} cannot be stored in a dump")
+        dtype, shape, stride = tensor.dtype, tensor.shape, tensor.stride()
+        hot = self._hot.get(name)
+        if hot is None or meta or hot[0] is not dtype or hot[1] != shape or hot[2] != stride or hot[3] != producer:
+            hot = self._first(name, tensor, producer, meta)
         n = self.counts.get(name, 0) + 1
         key = name if n == 1 else f"{name}#{n}"
         while key in self.tensors or key in self._layouts:  # never over an earlier capture
             n += 1
             key = f"{name}#{n}"
         self.counts[name] = n
-        self._spellings.setdefault(names.spelling(name), name)
-        sel = self._select(tensor)
-        nbytes = sel.numel() * sel.element_size()
+        sel = tensor if self.tokens is None and self.last_tokens is None else self._select(tensor)
+        nbytes = hot[5]
         if not self._reserve(name, nbytes):
             return
         if self._ring is None:
             self.prepare(sel.device)
-        # layout facts are cheap tuples here; the metadata model is built off the hot path
-        self._layouts[key] = (tensor.dtype, tuple(tensor.shape), tuple(tensor.stride()), tensor.is_contiguous(),
-                              str(tensor.device), producer, meta)
+        self._layouts[key] = hot[4]  # layout facts are a shared tuple; the metadata model is built at save
+        self.dirty = True  # a flush() writes it, though it reaches self.tensors only at wait()
         if nbytes <= self.small_bytes:
-            self._stage(key, name, sel, nbytes)
+            self._stage(key, name, sel, nbytes, hot)
             return
+        import torch
+
         host = self._ring.take(nbytes, sel.dtype, tuple(sel.shape))
         if host is None:  # ring full: never stall the server
             with self._lock:
@@ -155,6 +155,26 @@ class AsyncRecorder(Recorder):
         src.record_stream(stream)  # the allocator keeps src alive until the copy is done
         self._queue.put((key, host, done, None))
 
+    def _first(self, name: str, tensor: Any, producer: str | None, meta: dict[str, Any]) -> tuple:
+        """Check a name and a layout the first time they come (or whenever keywords come with
+        them) and keep what the next capture of the same layout reuses."""
+        if name not in self._checked:
+            check_name(name)
+            self.check_spelling(name)
+            self._spellings.setdefault(names.spelling(name), name)
+            self._checked.add(name)
+        meta = self.parse_meta(meta) if meta else meta
+        if tensor.dtype not in self._dtypes_ok or tensor.dim() > safetensors_io.MAX_RANK:
+            raise Refused(f"dtype {_torch_dtype(tensor)} with rank {tensor.dim()} cannot be stored in a dump")
+        sel = self._select(tensor)
+        shape, stride = tensor.shape, tensor.stride()
+        layout = (tensor.dtype, tuple(shape), tuple(stride), tensor.is_contiguous(), str(tensor.device), producer, meta)
+        hot = (tensor.dtype, shape, stride, producer, layout, sel.numel() * sel.element_size(),
+               sel.dtype, tuple(sel.shape), str(sel.dtype).removeprefix("torch."))
+        if not meta:  # keywords may differ capture by capture: never reused
+            self._hot[name] = hot
+        return hot
+
     def prepare(self, device: Any = "cuda") -> AsyncRecorder:
         """Allocate the pinned ring, the side stream and the staging buffers now (at server
         start), so the first capture pays nothing."""
@@ -170,12 +190,13 @@ class AsyncRecorder(Recorder):
         return self
 
     # -- small captures: one staging copy per step (record/staging.py) ------------------------------
-    def _stage(self, key: str, name: str, sel: Any, nbytes: int) -> None:
-        if self._staging is None:
-            self._staging = StepStaging(self.staging_bytes, sel.device, self.flush_bytes)
-        if self._staging.due(name, nbytes):
+    def _stage(self, key: str, name: str, sel: Any, nbytes: int, hot: tuple) -> None:
+        staging = self._staging
+        if staging is None:
+            staging = self._staging = StepStaging(self.staging_bytes, sel.device, self.flush_bytes)
+        if staging.due(name, nbytes):
             self._flush()
-        self._staging.put(key, name, sel, nbytes)
+        staging.put(key, name, sel, nbytes, hot[6], hot[7], hot[8])
 
     def _flush(self) -> None:
         import torch
@@ -221,15 +242,21 @@ class AsyncRecorder(Recorder):
             if batch is None:
                 self.tensors[key] = to_numpy(host)  # a plain host copy; the ring span is given back
             else:
-                self.tensors.update(unpack(host, batch))
+                self._unpacked.append((copy_out(host, batch), batch))
             if self._ring is not None:
                 self._ring.release()
             self._queue.task_done()
+
+    def has_captures(self) -> bool:
+        return bool(self.tensors or self._layouts)
 
     def wait(self) -> None:
         """Block until every capture issued so far is on the host."""
         self._flush()
         self._queue.join()
+        while self._unpacked:  # split off the model's hot path: the writer only copied each batch out
+            raw, batch = self._unpacked.pop(0)
+            self.tensors.update(views(raw, batch))
 
     def save(self) -> Path | None:
         self.wait()

@@ -94,7 +94,7 @@ def _done() -> bool:
 def _finish_forward() -> None:
     """A forward that recorded slots is over: write it now (a server need not exit for it)."""
     rec = _env_recorder()
-    if rec is not None and env_count(ENV_TOKENS) is not None and rec.tensors and rec.written is None:
+    if rec is not None and env_count(ENV_TOKENS) is not None and rec.has_captures() and rec.written is None:
         rec.save()
 
 

@@ -161,6 +161,10 @@ class Recorder:
         self.metadata.tensors[key] = tm
         self.dirty = True
 
+    def has_captures(self) -> bool:
+        """Whether anything was kept (an asynchronous recorder's captures may still be on the way)."""
+        return bool(self.tensors)
+
     def check_spelling(self, name: str) -> None:
         """Refuse ``aux.00`` after ``aux.0`` was kept (or ``layers.03`` after ``layers.3``):
         the file would hold two spellings of one name, which every reader refuses, so the
@@ -319,7 +323,7 @@ def flush() -> Path | None:
     rec = _active
     if rec is None:
         return None
-    if not rec.tensors or not rec.dirty:
+    if not rec.has_captures() or not rec.dirty:
         return rec.written
     try:
         return rec.save()
