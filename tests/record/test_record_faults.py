@@ -589,3 +589,40 @@ def test_a_host_without_a_working_stderr_gets_no_exception_and_keeps_the_recordi
     assert len(written) == 1, written
     assert_readable_by_compare(written[0], {"aux.0": np.full((2, 3), 1.0, np.float32),
                                             "aux.1": np.full((2, 3), 2.0, np.float32)}, tmp_path)
+
+
+@pytest.mark.skipif("not __import__('torch').cuda.is_available()", reason="the AsyncRecorder's device path needs CUDA")
+def test_the_device_paths_reused_layout_follows_every_change_of_a_point(tmp_path: Path) -> None:
+    """The hot path reuses what it checked for a point's last layout (a decode step's points
+    keep theirs step after step): a capture of the same name with another dtype, shape,
+    stride, producer or keywords is checked and described afresh, and every value and layout
+    in the dump is the capture's own (issue 36: the every-stream cost at batch 1)."""
+    import torch
+
+    from consistency.dump.dtypes import torch_storage
+    from consistency.record import capture
+    from consistency.record.async_capture import AsyncRecorder
+
+    dev = "cuda"
+    g = torch.Generator(device=dev).manual_seed(0)
+    base = torch.randn(2, 64, device=dev, generator=g)
+    seq = [("bf16", base.bfloat16(), None, {}), ("bf16 again", (base * 2).bfloat16(), None, {}),
+           ("fp32", base * 3, None, {}), ("wider", torch.randn(3, 64, device=dev, generator=g), None, {}),
+           ("transposed", torch.randn(64, 2, device=dev, generator=g).t(), None, {}),
+           ("producer", base * 4, "model.layers.1", {}), ("keywords", base * 5, None, {"token_index": [4, 9]}),
+           ("plain again", base * 6, None, {})]
+    path = tmp_path / "layouts.safetensors"
+    with AsyncRecorder(path):
+        for _why, t, producer, kw in seq:
+            capture("hidden.1", t, producer, **kw)
+    with open_dump(path) as d:
+        keys = ["hidden.1"] + [f"hidden.1#{k}" for k in range(2, len(seq) + 1)]
+        assert sorted(d.metadata.tensors) == sorted(keys)
+        for key, (why, t, producer, kw) in zip(keys, seq):
+            tm = d.metadata.tensors[key]
+            assert tm.dtype == str(t.dtype).removeprefix("torch."), why
+            assert list(tm.shape) == list(t.shape) and list(tm.stride) == list(t.stride()), why
+            assert tm.contiguous == t.is_contiguous() and tm.producer == producer, why
+            assert (tm.token_index == kw.get("token_index")), why
+            want, _dt = torch_storage(t.cpu())
+            assert np.array_equal(d[key].read_all(), want), why
