@@ -32,7 +32,6 @@ nothing is downloaded.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -43,6 +42,8 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from bench.common import emit  # noqa: E402
 
 from consistency.record import capture, graphs  # noqa: E402
 from bench.decode_blocks import decode_blocks, enter, leave, recorder  # noqa: E402
@@ -380,10 +381,7 @@ def main() -> None:
     args = ap.parse_args()
     args.modes = set(args.modes.split(","))
     res = run(args)
-    text = json.dumps(res, indent=1)
-    print(text)
-    if args.out:
-        args.out.write_text(text)
+    emit(res, args.out)
 
 
 if __name__ == "__main__":

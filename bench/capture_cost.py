@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import cProfile
 import io
-import json
 import pstats
 import statistics
 import sys
@@ -32,6 +31,8 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from bench.common import emit  # noqa: E402
 
 from bench.decode_blocks import load_baseline  # noqa: E402
 from consistency.record import capture  # noqa: E402
@@ -115,10 +116,7 @@ def main() -> None:
         res["modes"][name]["captures"] = sum(r.counts.values())
         res["modes"][name]["dropped"] = sum(r.dropped.values())
         r.discard()
-    text = json.dumps(res, indent=1)
-    print(text)
-    if args.out:
-        args.out.write_text(text)
+    emit(res, args.out)
 
 
 if __name__ == "__main__":

@@ -22,3 +22,11 @@ def report(rows: list[dict[str, Any]], json_path: Path | None = None, **extra: A
         print("| " + " | ".join(str(r[k]) for k in keys) + " |")
     if json_path:
         json_path.write_text(json.dumps({"info": info, "rows": rows}, indent=1))
+
+
+def emit(res: dict[str, Any], out: Path | None) -> None:
+    """A GPU bench's result: printed (the device tool returns the output) and written to ``out``."""
+    text = json.dumps(res, indent=1)
+    print(text)
+    if out:
+        out.write_text(text)

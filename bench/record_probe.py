@@ -16,7 +16,6 @@ is not the recorder's Python (a synchronisation, a pinned allocation) shows by n
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -26,6 +25,8 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from bench.common import emit  # noqa: E402
 
 from bench.bench_record_gpu import Hooks, build, timed  # noqa: E402
 from consistency.record.async_capture import AsyncRecorder  # noqa: E402
@@ -132,10 +133,7 @@ def main() -> None:
                            "capture_us_mean": round(statistics.mean(spent[m]) * 1e6, 1) if spent[m] else None,
                            "capture_us_max": round(max(spent[m]) * 1e6, 1) if spent[m] else None,
                            "cuda_calls_4_steps": calls}
-    text = json.dumps(res, indent=1)
-    print(text)
-    if args.out:
-        args.out.write_text(text)
+    emit(res, args.out)
 
 
 if __name__ == "__main__":

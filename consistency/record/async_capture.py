@@ -17,7 +17,7 @@ import queue
 import threading
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from consistency.contract.models import DumpMetadata
 from consistency.dump import dtypes, names, safetensors_io
@@ -29,6 +29,21 @@ from consistency.record.staging import StepStaging, copy_out, views
 
 def _torch_dtype(t: Any) -> str:
     return str(t.dtype).removeprefix("torch.")
+
+
+class _Point(NamedTuple):
+    """What one capture point's last layout was checked and built into; the next capture of
+    the same dtype, shape, stride and producer (a decode step's points, step after step) reuses it."""
+
+    dtype: Any
+    shape: Any
+    stride: tuple[int, ...]
+    producer: str | None
+    layout: tuple  # the facts TensorMeta is built from at save
+    nbytes: int  # of the selected rows
+    sel_dtype: Any
+    sel_shape: tuple[int, ...]
+    sel_dname: str
 
 
 class _StorableDtypes(dict):
@@ -63,10 +78,7 @@ class AsyncRecorder(Recorder):
         self.flush_bytes = flush_bytes  # staged steps go to the host together once they hold this (0: every step)
         self._staging: Any = None  # record/staging.py: a step's small captures, one D2H per step
         self._checked: set[str] = set()  # names that passed check_name (the hot path checks each once)
-        # name -> (dtype, shape, stride, producer, layout facts, selected bytes): a decode step
-        # captures the same points with the same layout step after step, so what was checked and
-        # built for one capture is reused for the next (33 captures a step with every stream)
-        self._hot: dict[str, tuple] = {}
+        self._hot: dict[str, _Point] = {}  # each point's last checked layout (33 points a step with every stream)
         self._unpacked: list[tuple[Any, list]] = []  # batches copied to the host, split into captures at wait()
         self._dtypes_ok = _StorableDtypes()
         self._lock = threading.Lock()
@@ -117,7 +129,8 @@ class AsyncRecorder(Recorder):
             return
         dtype, shape, stride = tensor.dtype, tensor.shape, tensor.stride()
         hot = self._hot.get(name)
-        if hot is None or meta or hot[0] is not dtype or hot[1] != shape or hot[2] != stride or hot[3] != producer:
+        if (hot is None or meta or hot.dtype is not dtype or hot.shape != shape or hot.stride != stride
+                or hot.producer != producer):
             hot = self._first(name, tensor, producer, meta)
         n = self.counts.get(name, 0) + 1
         key = name if n == 1 else f"{name}#{n}"
@@ -126,12 +139,12 @@ class AsyncRecorder(Recorder):
             key = f"{name}#{n}"
         self.counts[name] = n
         sel = tensor if self.tokens is None and self.last_tokens is None else self._select(tensor)
-        nbytes = hot[5]
+        nbytes = hot.nbytes
         if not self._reserve(name, nbytes):
             return
         if self._ring is None:
             self.prepare(sel.device)
-        self._layouts[key] = hot[4]  # layout facts are a shared tuple; the metadata model is built at save
+        self._layouts[key] = hot.layout  # layout facts are a shared tuple; the metadata model is built at save
         self.dirty = True  # a flush() writes it, though it reaches self.tensors only at wait()
         if nbytes <= self.small_bytes:
             self._stage(key, name, sel, nbytes, hot)
@@ -155,7 +168,7 @@ class AsyncRecorder(Recorder):
         src.record_stream(stream)  # the allocator keeps src alive until the copy is done
         self._queue.put((key, host, done, None))
 
-    def _first(self, name: str, tensor: Any, producer: str | None, meta: dict[str, Any]) -> tuple:
+    def _first(self, name: str, tensor: Any, producer: str | None, meta: dict[str, Any]) -> _Point:
         """Check a name and a layout the first time they come (or whenever keywords come with
         them) and keep what the next capture of the same layout reuses."""
         if name not in self._checked:
@@ -169,8 +182,8 @@ class AsyncRecorder(Recorder):
         sel = self._select(tensor)
         shape, stride = tensor.shape, tensor.stride()
         layout = (tensor.dtype, tuple(shape), tuple(stride), tensor.is_contiguous(), str(tensor.device), producer, meta)
-        hot = (tensor.dtype, shape, stride, producer, layout, sel.numel() * sel.element_size(),
-               sel.dtype, tuple(sel.shape), str(sel.dtype).removeprefix("torch."))
+        hot = _Point(tensor.dtype, shape, stride, producer, layout, sel.numel() * sel.element_size(),
+                     sel.dtype, tuple(sel.shape), _torch_dtype(sel))
         if not meta:  # keywords may differ capture by capture: never reused
             self._hot[name] = hot
         return hot
@@ -190,13 +203,13 @@ class AsyncRecorder(Recorder):
         return self
 
     # -- small captures: one staging copy per step (record/staging.py) ------------------------------
-    def _stage(self, key: str, name: str, sel: Any, nbytes: int, hot: tuple) -> None:
+    def _stage(self, key: str, name: str, sel: Any, nbytes: int, hot: _Point) -> None:
         staging = self._staging
         if staging is None:
             staging = self._staging = StepStaging(self.staging_bytes, sel.device, self.flush_bytes)
         if staging.due(name, nbytes):
             self._flush()
-        staging.put(key, name, sel, nbytes, hot[6], hot[7], hot[8])
+        staging.put(key, name, sel, nbytes, hot.sel_dtype, hot.sel_shape, hot.sel_dname)
 
     def _flush(self) -> None:
         import torch
@@ -254,8 +267,8 @@ class AsyncRecorder(Recorder):
         """Block until every capture issued so far is on the host."""
         self._flush()
         self._queue.join()
-        while self._unpacked:  # split off the model's hot path: the writer only copied each batch out
-            raw, batch = self._unpacked.pop(0)
+        batches, self._unpacked = self._unpacked, []  # split off the model's hot path: the writer only copied them out
+        for raw, batch in batches:
             self.tensors.update(views(raw, batch))
 
     def save(self) -> Path | None:

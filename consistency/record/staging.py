@@ -78,7 +78,7 @@ class StepStaging:
                 dname = self._names[dtype] = str(dtype).removeprefix("torch.")
         self.items.append((key, at, nbytes, dname, shape))
         self.names.add(name)
-        self.at = at + (nbytes + ALIGN - 1) // ALIGN * ALIGN
+        self.at = at + _pad(nbytes)
 
     def take(self) -> tuple[Any, int, list]:
         """The current buffer's used bytes and items; the staging moves on to the other buffer."""
