@@ -51,7 +51,7 @@ class StepStaging:
         or it starts a new step (already staged in this one) and the batch holds flush_bytes."""
         if not self.items:
             return False
-        if self.at + _pad(nbytes) > self.size:
+        if self.at + aligned(nbytes) > self.size:
             return True
         if name in self.names:  # a new step begins: whole steps only ever leave together
             self.names = set()
@@ -59,7 +59,7 @@ class StepStaging:
         return False
 
     def put(self, key: str, name: str, sel: Any, nbytes: int, dtype: Any = None, shape: tuple[int, ...] | None = None,
-            dname: str | None = None) -> None:
+            dname: str | None = None, pad: int | None = None) -> None:
         """Stage ``sel``; ``dtype``/``shape``/``dname`` are what the caller already knows of it
         (the recorder keeps them per point), so the hot path asks the tensor nothing twice."""
         if dtype is None:
@@ -78,7 +78,7 @@ class StepStaging:
                 dname = self._names[dtype] = str(dtype).removeprefix("torch.")
         self.items.append((key, at, nbytes, dname, shape))
         self.names.add(name)
-        self.at = at + _pad(nbytes)
+        self.at = at + (aligned(nbytes) if pad is None else pad)
 
     def take(self) -> tuple[Any, int, list]:
         """The current buffer's used bytes and items; the staging moves on to the other buffer."""
@@ -95,7 +95,7 @@ class StepStaging:
         stream.wait_stream(compute)
         with torch.cuda.stream(stream):
             host.copy_(buf[:used], non_blocking=True)
-            done = torch.cuda.Event()
+            done = torch.cuda.Event(blocking=True)  # the writer sleeps on it, never spins
             done.record(stream)
         self.done[self.cur] = done
         self.cur ^= 1
@@ -128,5 +128,5 @@ def views(raw: np.ndarray, items: list) -> dict[str, tuple[np.ndarray, str]]:
     return out
 
 
-def _pad(nbytes: int) -> int:
+def aligned(nbytes: int) -> int:
     return (nbytes + ALIGN - 1) // ALIGN * ALIGN
