@@ -14,9 +14,16 @@ capture of 33 points pays and what the recorder adds:
   all_f8     the recorder sending staged steps 8 MiB at a time (1 MiB by default)
   all_hold   the recorder with staging that leaves the device only when full (the writer
              thread idle in most blocks): what the writer thread costs the model's thread
+  all_nosend the recorder whose staged batches never leave the device (no D2H, no event,
+             no stream wait, no writer): what sending costs
+  all_nocopy the recorder without the staging copy itself (every check and bookkeeping,
+             no ``copy_``): what the recorder's Python costs on its own
 Per mode also the host microseconds spent inside the hooks per step (what is not inside them
-is the rest of the step slowing down), the garbage collector's passes and time, and, for
-off and all, a torch.profiler table of the four steps' CPU ops.
+is the rest of the step slowing down), the model thread's and the whole process's CPU time
+per step (``time.thread_time`` / ``process_time``: a step that is slower in wall time but not
+in the model thread's CPU time waits, for the GPU or for the GIL), the writer thread's CPU
+time per step (/proc), the garbage collector's passes and time, and, for off and all, a
+torch.profiler table of the four steps' CPU ops.
 """
 
 from __future__ import annotations
@@ -62,6 +69,45 @@ class PartHooks(Hooks):
         self.spent.append(time.perf_counter() - t0)
 
 
+class NoSend(AsyncRecorder):
+    """Staged batches are dropped on the device: nothing is sent, no writer runs."""
+
+    def _flush(self) -> None:
+        if self._staging is not None and self._staging.items:
+            self._staging.take()
+
+
+class NoCopy(AsyncRecorder):
+    """Every check and every bit of bookkeeping of a capture, without the staging copy."""
+
+    def prepare(self, device="cuda"):  # noqa: ANN001, ANN201
+        super().prepare(device)
+        st = self._staging
+        real = st.put
+
+        def put(key, name, sel, nbytes, dtype=None, shape=None, dname=None, pad=None):  # noqa: ANN001, ANN202
+            vk = (st.cur, st.at, dtype, shape)
+            if vk not in st._views:
+                return real(key, name, sel, nbytes, dtype, shape, dname, pad)  # builds the view once
+            st.items.append((key, st.at, nbytes, dname, shape))
+            st.names.add(name)
+            st.at += pad
+
+        st.put = put
+        return self
+
+
+def thread_cpu_s(tid: int) -> float:
+    """A thread's user+system CPU seconds (/proc; clock ticks)."""
+    import os
+
+    try:
+        f = Path(f"/proc/self/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+    except OSError:
+        return float("nan")
+
+
 class GcClock:
     """Collections and seconds the collector spent, per mode (gc.callbacks)."""
 
@@ -92,7 +138,8 @@ def main() -> None:
     model = build(args.small)
     n = model.config.num_hidden_layers
     every = list(range(n + 1))
-    how = {"noop_all": "noop", "copy_all": "copy", "kcopy_all": "kcopy", "all": "capture", "all_hold": "capture", "all_f8": "capture"}
+    how = {"noop_all": "noop", "copy_all": "copy", "kcopy_all": "kcopy", "all": "capture", "all_hold": "capture",
+           "all_f8": "capture", "all_nosend": "capture", "all_nocopy": "capture"}
     ids = torch.randint(0, model.config.vocab_size, (1, args.tokens), device="cuda")
     spent: dict[str, list[float]] = {m: [] for m in modes}
     clock = GcClock()
@@ -108,12 +155,46 @@ def main() -> None:
         if m == "all_hold":
             return AsyncRecorder(args.tmp / "hold.safetensors", force=True, max_host_bytes=64 << 30, ring_bytes=512 << 20,
                                  staging_bytes=96 << 20, flush_bytes=96 << 20).prepare()
+        if m in ("all_nosend", "all_nocopy"):
+            cls = NoSend if m == "all_nosend" else NoCopy
+            return cls(args.tmp / f"{m}.safetensors", force=True, max_host_bytes=64 << 30, ring_bytes=512 << 20).prepare()
         if m == "all_f8":
             return AsyncRecorder(args.tmp / "f8.safetensors", force=True, max_host_bytes=64 << 30, ring_bytes=512 << 20,
                                  staging_bytes=32 << 20, flush_bytes=8 << 20).prepare()
         return None
 
-    res, dropped = decode_blocks(model, ids, modes, hooks_for, recorder_for, args.steps, args.blocks, timed)
+    cpu: dict[str, list[tuple[float, float, float]]] = {m: [] for m in modes}  # (wall, thread, process) s a block
+    writer_s: dict[str, float] = {}
+
+    def timed_cpu(fn) -> float:  # noqa: ANN001
+        torch.cuda.synchronize()
+        w, t, p = time.perf_counter(), time.thread_time(), time.process_time()
+        fn()
+        torch.cuda.synchronize()
+        cpu[clock.mode].append((time.perf_counter() - w, time.thread_time() - t, time.process_time() - p))
+        return (time.perf_counter() - w) * 1000
+
+    def recorder_kept(m: str):  # noqa: ANN202
+        rec = recorder_for(m)
+        if rec is not None:  # the writer's CPU time is read when the bench is done with it
+            tid, discard = rec._thread.native_id, rec.discard
+
+            def read_then_discard() -> None:
+                writer_s[m] = thread_cpu_s(tid)
+                discard()
+
+            rec.discard = read_then_discard
+        return rec
+
+    res, dropped = decode_blocks(model, ids, modes, hooks_for, recorder_kept, args.steps, args.blocks, timed_cpu)
+    for m in modes:
+        rows = cpu[m][1:]  # block 0 warms up
+        n = max(1, len(rows)) * args.steps
+        res[m]["wall_ms_per_step"] = round(sum(r[0] for r in rows) / n * 1e3, 3)
+        res[m]["model_thread_cpu_ms_per_step"] = round(sum(r[1] for r in rows) / n * 1e3, 3)
+        res[m]["process_cpu_ms_per_step"] = round(sum(r[2] for r in rows) / n * 1e3, 3)
+        if m in writer_s:
+            res[m]["writer_cpu_ms_per_step"] = round(writer_s[m] / (len(cpu[m]) * args.steps) * 1e3, 3)
     per_step = {m: (sum(spent[m]) / max(1, len(spent[m])) * (len(every)) * 1e6 if spent[m] else 0.0) for m in modes}
     for m in modes:
         res[m]["in_hooks_us_per_step"] = round(per_step[m], 1)
@@ -140,7 +221,7 @@ def main() -> None:
                 o = model(input_ids=nxt, past_key_values=pkv, use_cache=True)
                 pkv, nxt = o.past_key_values, o.logits[:, -1:].argmax(-1)
             torch.cuda.synchronize()
-            with profile(activities=[ProfilerActivity.CPU]) as p:
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as p:
                 for _ in range(4):
                     o = model(input_ids=nxt, past_key_values=pkv, use_cache=True)
                     pkv, nxt = o.past_key_values, o.logits[:, -1:].argmax(-1)
@@ -148,10 +229,16 @@ def main() -> None:
         if rec is not None:
             rec._deactivate()
             rec.discard()
+            rec.close()
         if h is not None:
             h.remove()
-        rows = sorted(p.key_averages(), key=lambda e: -e.self_cpu_time_total)[:18]
+        avg = p.key_averages()
+        rows = sorted(avg, key=lambda e: -e.self_cpu_time_total)[:18]
         profiles[m] = {e.key: {"count": e.count, "self_cpu_us": round(e.self_cpu_time_total, 1)} for e in rows}
+        dev = [(e.key, e.count, getattr(e, "self_device_time_total", 0.0)) for e in avg]
+        profiles[m]["gpu_busy_ms_per_step"] = round(sum(d for _k, _c, d in dev) / 4 / 1e3, 3)  # type: ignore[assignment]
+        profiles[m]["gpu_top"] = {k: {"count": c, "self_gpu_us": round(d, 1)}  # type: ignore[assignment]
+                                  for k, c, d in sorted(dev, key=lambda x: -x[2])[:10]}
     emit({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "steps": args.steps,
           "blocks": args.blocks, "dropped": dropped, "switchinterval": sys.getswitchinterval(), "modes": res,
           "profile_4_steps": profiles}, args.out)

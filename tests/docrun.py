@@ -31,6 +31,11 @@ NOT_RUN = re.compile(r"^\*Not run by the docs test: (?P<why>.+?)\.?\*\s*$")
 _SETUP = re.compile(r"^<!-- docs-test setup: (.+?) -->$", re.M)
 _HEREDOC = re.compile(r"<<-?\s*'?(\w+)'?")
 _TIMING = re.compile(r"\d+(\.\d+)? m?s\b")  # "0.02 s", "5 ms": how long a run took is never the same twice
+# a figure in e-notation ("2.52e+03x", a difference over its noise floor) is a ratio of two
+# float results, and a CPU's bf16 kernels (AVX-512/AMX or not) move its third digit: a shown
+# one holds when the real one is within SCI_REL of it; any other number must match exactly
+_SCI = re.compile(r"\d+(?:\.\d+)?e[+-]\d+")
+SCI_REL = 0.03
 
 
 @dataclass
@@ -163,15 +168,22 @@ def missing(ran: Ran) -> list[str]:
     A shown line may wrap at a different column than the real one, so whitespace is collapsed
     on both sides; a timing is any timing; fragments under 4 characters carry no claim."""
     real = _collapse(ran.output)
-    lost = []
-    for line in ran.command.shown:
-        for frag in (_collapse(f) for f in line.split("...")):
-            if len(frag) < 4:
-                continue
-            pieces, at = [], 0
-            for t in _TIMING.finditer(frag):
-                pieces += [re.escape(frag[at:t.start()]), r"\d+(?:\.\d+)? m?s\b"]
-                at = t.end()
-            if not re.search("".join(pieces) + re.escape(frag[at:]), real):
-                lost.append(frag)
-    return lost
+    return [frag for line in ran.command.shown for frag in (_collapse(f) for f in line.split("..."))
+            if len(frag) >= 4 and not _shown_in(frag, real)]
+
+
+def _shown_in(frag: str, real: str) -> bool:
+    """``frag`` occurs in ``real``, a timing standing for any timing and an e-notation figure
+    for any figure within SCI_REL of it."""
+    pieces, shown, at = [], [], 0
+    for t in sorted([*_TIMING.finditer(frag), *_SCI.finditer(frag)], key=lambda m: m.start()):
+        if t.start() < at:
+            continue
+        sci = _SCI.fullmatch(t.group()) is not None
+        pieces += [re.escape(frag[at:t.start()]), r"(\d+(?:\.\d+)?e[+-]\d+)" if sci else r"\d+(?:\.\d+)? m?s\b"]
+        if sci:
+            shown.append(float(t.group()))
+        at = t.end()
+    pattern = re.compile("".join(pieces) + re.escape(frag[at:]))
+    return any(all(abs(float(got) - want) <= SCI_REL * abs(want) for got, want in zip(m.groups(), shown))
+               for m in pattern.finditer(real))
