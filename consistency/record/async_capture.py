@@ -17,50 +17,19 @@ import queue
 import threading
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 from consistency.contract.models import DumpMetadata
-from consistency.dump import dtypes, names, safetensors_io
-from consistency.record.graph_plan import resolve
+from consistency.dump import names, safetensors_io
 from consistency.record.guard import Refused, check_name
+from consistency.record.points import ID_NAMES, Point, StorableDtypes, select_rows, tensor_metas, torch_dtype
 from consistency.record.recorder import Recorder
 from consistency.record.staging import StepStaging, aligned, copy_out, views
+from consistency.record.step_plan import StepPlan, expand_batch
 
 
 HANDOVER_BATCHES = 32  # staged batches (1 MiB each by default) the writer is handed at once
 HANDOVER_RING = 4  # ... or sooner, once they hold a quarter of the pinned ring
-_ID_NAMES = frozenset(("positions", "input_ids", "request_ids"))  # 1-D per-token captures, rows selected as [T, 1]
-
-
-def _torch_dtype(t: Any) -> str:
-    return str(t.dtype).removeprefix("torch.")
-
-
-class _Point(NamedTuple):
-    """What one capture point's last layout was checked and built into; the next capture of
-    the same dtype, shape, stride and producer (a decode step's points, step after step) reuses it."""
-
-    dtype: Any
-    shape: Any
-    stride: tuple[int, ...]
-    producer: str | None
-    layout: tuple  # the facts TensorMeta is built from at save
-    nbytes: int  # of the selected rows
-    sel_dtype: Any
-    sel_shape: tuple[int, ...]
-    sel_dname: str
-    cls: type  # the tensor's class: the fast path asks a tensor's device only of this class
-    pad: int  # nbytes rounded up to the staging alignment
-
-
-class _StorableDtypes(dict):
-    """torch dtype -> whether a dump can hold it, each dtype's name resolved once."""
-
-    def __contains__(self, dt: object) -> bool:
-        ok = self.get(dt)
-        if ok is None:
-            ok = self[dt] = str(dt).removeprefix("torch.") in dtypes.BY_NAME
-        return ok
 
 
 class AsyncRecorder(Recorder):
@@ -85,14 +54,19 @@ class AsyncRecorder(Recorder):
         self.flush_bytes = flush_bytes  # staged steps go to the host together once they hold this (0: every step)
         self._staging: Any = None  # record/staging.py: a step's small captures, one D2H per step
         self._checked: set[str] = set()  # names that passed check_name (the hot path checks each once)
-        self._hot: dict[str, _Point] = {}  # each point's last checked layout (33 points a step with every stream)
-        self._fast: dict[str, _Point] = {}  # the staged ones among them: capture() stages these in one call
+        self._hot: dict[str, Point] = {}  # each point's last checked layout (33 points a step with every stream)
+        self._fast: dict[str, Point] = {}  # the staged ones among them: capture() stages these in one call
+        # a step repeating the last one point for point is staged from a plan (record/step_plan.py)
+        self._plan: StepPlan | None = None
+        self._trace: list[tuple[str, Point]] = []  # the staged points of the step under way
+        self._prev: list[tuple[str, Point]] | None = None  # ... and of the one before
+        self._planned = 0  # plan steps booked in one item each, expanded into keys at wait()
         self._unpacked: list[tuple[Any, list]] = []  # batches copied to the host, split into captures at wait()
         # staged batches sent to the pinned ring, not yet handed to the writer: the writer is
         # woken once per many batches (_handover), not once per batch, so it seldom wants the GIL
         # while the model's thread runs, and by then their copies are long done (no wait on the GPU)
         self._sent: list[tuple[Any, Any, list]] = []
-        self._dtypes_ok = _StorableDtypes()
+        self._dtypes_ok = StorableDtypes()
         self._lock = threading.Lock()
         self._queue: queue.Queue[tuple[str, Any, Any, Any] | None] = queue.Queue()
         self._stream: Any = None
@@ -101,23 +75,29 @@ class AsyncRecorder(Recorder):
 
     # -- capture (compute thread) -------------------------------------------------------------
     def _select(self, t: Any) -> Any:
-        """Keep the requested token rows (dim -2 of [.., T, H]); their positions are kept the same
-        way when the runtime passes ``positions=`` (stitching then knows which tokens these are)."""
-        if t.dim() < 2 or (self.tokens is None and self.last_tokens is None):
-            return t
-        if self.last_tokens is not None:
-            return t[..., -self.last_tokens:, :]
-        if isinstance(self.tokens, slice):
-            return t[..., self.tokens, :]
-        import torch
-
-        idx = torch.as_tensor(list(self.tokens), device=t.device, dtype=torch.long)  # type: ignore[arg-type]
-        return t.index_select(-2, idx)
+        return select_rows(t, self.tokens, self.last_tokens)
 
     def capture(self, name: str, tensor: Any, producer: str | None = None, positions: Any = None, **meta: Any) -> None:
         if not self.enabled:
             return
         try:
+            pl = self._plan
+            if pl is not None:
+                i = pl.i
+                h = pl.hots[i]
+                if (name == pl.names[i] and positions is None and not meta and h.producer == producer
+                        and type(tensor) is h.cls and tensor.is_cuda and tensor.dtype is h.dtype
+                        and tensor.shape == h.shape and tensor.stride() == h.stride and (i or self._plan_begin(pl))):
+                    pl.views[i].copy_(tensor)
+                    if i + 1 == pl.n:
+                        pl.end(self._staging)
+                        self._planned += 1
+                        self.dirty = True
+                    else:
+                        pl.i = i + 1
+                    return
+                if i or name in pl.nameset:  # off the plan: what it staged so far is booked as usual
+                    self._plan_stop()
             hot = self._fast.get(name)
             if (hot is not None and positions is None and not meta and hot.producer == producer
                     and type(tensor) is hot.cls and tensor.is_cuda and tensor.dtype is hot.dtype and tensor.shape == hot.shape
@@ -134,7 +114,7 @@ class AsyncRecorder(Recorder):
                        meta: dict[str, Any]) -> None:
         if positions is not None:
             self.capture_positions(name, positions)
-        if name in _ID_NAMES and hasattr(tensor, "dim") and tensor.dim() == 1:
+        if name in ID_NAMES and hasattr(tensor, "dim") and tensor.dim() == 1:
             tensor = self._select(tensor[:, None])[:, 0]  # the kept tokens' ids/positions, in the same order
         if not hasattr(tensor, "is_cuda") or not tensor.is_cuda:
             sel = self._select(tensor) if hasattr(tensor, "dim") else tensor
@@ -187,7 +167,7 @@ class AsyncRecorder(Recorder):
         self._handover()  # the ring gives spans back in take order: earlier batches first
         self._queue.put((key, host, done, None))
 
-    def _first(self, name: str, tensor: Any, producer: str | None, meta: dict[str, Any]) -> _Point:
+    def _first(self, name: str, tensor: Any, producer: str | None, meta: dict[str, Any]) -> Point:
         """Check a name and a layout the first time they come (or whenever keywords come with
         them) and keep what the next capture of the same layout reuses."""
         if name not in self._checked:
@@ -197,16 +177,16 @@ class AsyncRecorder(Recorder):
             self._checked.add(name)
         meta = self.parse_meta(meta) if meta else meta
         if tensor.dtype not in self._dtypes_ok or tensor.dim() > safetensors_io.MAX_RANK:
-            raise Refused(f"dtype {_torch_dtype(tensor)} with rank {tensor.dim()} cannot be stored in a dump")
+            raise Refused(f"dtype {torch_dtype(tensor)} with rank {tensor.dim()} cannot be stored in a dump")
         sel = self._select(tensor)
         shape, stride = tensor.shape, tensor.stride()
         layout = (tensor.dtype, tuple(shape), tuple(stride), tensor.is_contiguous(), str(tensor.device), producer, meta)
         nbytes = sel.numel() * sel.element_size()
-        hot = _Point(tensor.dtype, shape, stride, producer, layout, nbytes, sel.dtype, tuple(sel.shape),
-                     _torch_dtype(sel), type(tensor), aligned(nbytes))
+        hot = Point(tensor.dtype, shape, stride, producer, layout, nbytes, sel.dtype, tuple(sel.shape),
+                     torch_dtype(sel), type(tensor), aligned(nbytes))
         if not meta:  # keywords may differ capture by capture: never reused
             self._hot[name] = hot
-            if nbytes <= self.small_bytes and name not in _ID_NAMES:  # a staged point: capture() stages it directly
+            if nbytes <= self.small_bytes and name not in ID_NAMES:  # a staged point: capture() stages it directly
                 self._fast[name] = hot
         return hot
 
@@ -225,7 +205,7 @@ class AsyncRecorder(Recorder):
         return self
 
     # -- small captures: one staging copy per step (record/staging.py) ------------------------------
-    def _stage(self, key: str, name: str, sel: Any, nbytes: int, hot: _Point) -> None:
+    def _stage(self, key: str, name: str, sel: Any, nbytes: int, hot: Point) -> None:
         staging = self._staging
         if staging is None:
             staging = self._staging = StepStaging(self.staging_bytes, sel.device, self.flush_bytes)
@@ -233,11 +213,21 @@ class AsyncRecorder(Recorder):
             self._flush()
         staging.put(key, name, sel, nbytes, hot.sel_dtype, hot.sel_shape, hot.sel_dname, hot.pad)
 
-    def _stage_hot(self, name: str, tensor: Any, hot: _Point) -> None:
+    def _stage_hot(self, name: str, tensor: Any, hot: Point) -> None:
         """A staged point's capture, in one call: a decode step makes 33 of them with every
         stream and each is host time of the model's thread (measured on an H100: 34 us a capture
         in the real decode against 17 us for the bare copy), so what ``_capture_async`` and
         :meth:`StepStaging.put` would check again is known from ``hot`` and done inline."""
+        tr = self._trace
+        if tr and tr[0][0] == name and self._plan is None:  # a step begins again: the same as the last?
+            pl = self._plan_from(tr)
+            if pl is not None:
+                if self._plan_begin(pl):
+                    pl.views[0].copy_(tensor)
+                    pl.i = 1
+                    return
+                self._plan = None
+            tr = self._trace
         n = self.counts.get(name, 0) + 1
         key = name if n == 1 else f"{name}#{n}"
         while key in self.tensors or key in self._layouts:  # never over an earlier capture
@@ -245,6 +235,10 @@ class AsyncRecorder(Recorder):
             key = f"{name}#{n}"
         self.counts[name] = n
         nbytes = hot.nbytes
+        if self._plan is None:
+            tr.append((name, hot))
+            if len(tr) > 4096:  # no repeating step: nothing to plan
+                tr.clear()
         with self._lock:
             if self.host_bytes + nbytes > self.max_host_bytes:
                 self.dropped[name] = self.dropped.get(name, 0) + 1
@@ -261,6 +255,41 @@ class AsyncRecorder(Recorder):
             self._flush()
         st.put(key, name, sel, nbytes, hot.sel_dtype, hot.sel_shape, hot.sel_dname, hot.pad)
 
+    # -- a repeating step staged from a plan (record/step_plan.py) ------------------------------
+    def _plan_from(self, step: list[tuple[str, Point]]) -> StepPlan | None:
+        """At a step's first point again: a plan when this step repeated the last one."""
+        self._trace, prev, self._prev = [], self._prev, step
+        if self.tokens is not None or self.last_tokens is not None or self._staging is None:
+            return None
+        self._plan = StepPlan.build(prev, step, self.counts, self._staging.size)
+        return self._plan
+
+    def _plan_begin(self, pl: StepPlan) -> bool:
+        """A plan step's share of the host budget and its place in the staging buffer, taken
+        at its first point (staged steps leave first when they hold flush_bytes, as due() says)."""
+        with self._lock:
+            if self.host_bytes + pl.nbytes > self.max_host_bytes:
+                return False  # the general path drops and counts capture by capture
+            self.host_bytes += pl.nbytes
+        st = self._staging
+        if st.items and (st.at + pl.span > st.size or st.at >= st.flush_bytes):
+            self._flush()
+        pl.begin(st)
+        return True
+
+    def _plan_stop(self) -> None:
+        """Leave the plan: a step under way is booked capture by capture, the counts made exact."""
+        pl, self._plan = self._plan, None
+        self._trace, self._prev = [], None
+        if pl is None:
+            return
+        done, unused = pl.stop(self._staging)
+        for (key, *_rest), layout in done:
+            self._layouts[key] = layout
+        self.counts.update(pl.counts())
+        if unused:
+            self._unreserve(unused)
+
     def _flush(self) -> None:
         import torch
 
@@ -271,7 +300,13 @@ class AsyncRecorder(Recorder):
         if host is None:  # ring full: the step is dropped, counted, never waited for
             self._handover()  # what the ring holds goes to the writer, which gives it back
             with self._lock:
-                for key, _at, nbytes, _dt, _shape in batch:
+                for key, _at, nbytes, extra, _shape in batch:
+                    if key is None:  # a plan step: each of its points is dropped
+                        for name in extra.names:
+                            self.dropped[name] = self.dropped.get(name, 0) + 1
+                        self.host_bytes -= extra.nbytes
+                        self._planned -= 1
+                        continue
                     name = key.split("#")[0]
                     self.dropped[name] = self.dropped.get(name, 0) + 1
                     self.host_bytes -= nbytes
@@ -323,31 +358,26 @@ class AsyncRecorder(Recorder):
             self._queue.task_done()
 
     def has_captures(self) -> bool:
-        return bool(self.tensors or self._layouts)
+        return bool(self.tensors or self._layouts or self._planned or (self._plan is not None and self._plan.i))
 
     def wait(self) -> None:
         """Block until every capture issued so far is on the host."""
+        self._plan_stop()
         self._flush()
         self._handover()
         self._queue.join()
         batches, self._unpacked = self._unpacked, []  # split off the model's hot path: the writer only copied them out
         for raw, batch in batches:
-            self.tensors.update(views(raw, batch))
+            self.tensors.update(views(raw, expand_batch(batch, self._layouts) if self._planned else batch))
+        self._planned = 0
 
     def save(self) -> Path | None:
         self.wait()
-        from consistency.contract.models import TensorMeta
-
-        for key, (dt, shape, stride, contiguous, device, producer, meta) in self._layouts.items():
-            try:  # validated as the reader will: a bad entry is refused, never the whole recording
-                tm = TensorMeta.model_validate({"dtype": str(dt).removeprefix("torch."), "shape": list(shape),
-                                                "stride": list(stride), "contiguous": contiguous, "device": device,
-                                                "producer": producer, **resolve(meta)})
-            except Exception as exc:  # noqa: BLE001
-                self.tensors.pop(key, None)
-                self._refuse(key, f"its metadata is invalid: {' '.join(str(exc).split())[:160]}")
-                continue
-            self.metadata.tensors[key] = tm
+        metas, bad = tensor_metas(self._layouts)
+        self.metadata.tensors.update(metas)
+        for key, why in bad.items():  # refused alone, never the whole recording
+            self.tensors.pop(key, None)
+            self._refuse(key, why)
         if self.dropped:
             self.metadata.extra["dropped_captures"] = dict(self.dropped)
         if self.tokens is not None and not isinstance(self.tokens, slice):
