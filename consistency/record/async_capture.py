@@ -27,10 +27,8 @@ from consistency.record.recorder import Recorder
 from consistency.record.staging import StepStaging, aligned, copy_out, views
 from consistency.record.step_plan import StepPlan, expand_batch
 
-
 HANDOVER_BATCHES = 32  # staged batches (1 MiB each by default) the writer is handed at once
 HANDOVER_RING = 4  # ... or sooner, once they hold a quarter of the pinned ring
-
 
 class AsyncRecorder(Recorder):
     """Drop-in :class:`Recorder` whose captures leave the device asynchronously."""
