@@ -124,7 +124,6 @@ class GcClock:
             self.by.setdefault(f"{self.mode}:gen{info['generation']}", []).append(time.perf_counter() - self._t)
 
 
-
 def kernel_busy_ms(prof: object) -> float | None:
     """Milliseconds in which at least one CUDA kernel or copy ran (the union of their intervals)."""
     try:
@@ -134,15 +133,12 @@ def kernel_busy_ms(prof: object) -> float | None:
                        if e.device_type == DeviceType.CUDA)
     except Exception:  # noqa: BLE001 - a profiler without this view: say so in the result, not a crash
         return None
-    busy, cur_s, cur_e = 0.0, None, None
-    for s, e in spans:
-        if cur_e is None or s > cur_e:
-            busy += 0 if cur_e is None else cur_e - cur_s
-            cur_s, cur_e = s, e
-        else:
-            cur_e = max(cur_e, e)
-    busy += 0 if cur_e is None else cur_e - cur_s
+    busy, reached = 0.0, float("-inf")
+    for s, e in spans:  # sorted by start: only the part past what earlier spans reached is new
+        busy += max(0.0, e - max(s, reached))
+        reached = max(reached, e)
     return round(busy / 1e3, 3)
+
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
