@@ -19,7 +19,8 @@ hooks took on the device of the very tensors captured, in the same run (two runs
 kernel non-determinism, which is not the recorder's).
 And, with ``--graphs`` (bench/graph_steps.py: a static KV cache, decode and target-verify
 steps as ``torch.cuda.CUDAGraph`` replays, as SGLang and vLLM run them by default):
-  g_off        graph replays, nothing recorded (the baseline of the g_ modes)
+  g_off        graph replays, nothing recorded (the baseline of the g_ modes: always run;
+               --graphs with no g_ mode in --modes runs all three)
   g_aux3       graph-safe capture (consistency/record/graphs.py) of the 3 aux slots, every replay
   g_all        graph-safe capture of every stream, every replay
 Reported: median milliseconds per prefill (batch x tokens) and its ratio to ``off``; per
@@ -167,7 +168,8 @@ def run(args: argparse.Namespace) -> dict:
     modes = [m for m in MODES if m in args.modes]
     say(f"model built: {n} layers; capturing graphs" if args.graphs else f"model built: {n} layers")
     graph_run = GraphRun(model, ids, args, {"g_off": None, "g_aux3": aux, "g_all": every}) if args.graphs else None
-    gmodes = [m for m in GMODES if m in args.modes] if graph_run else []
+    # --graphs with no g_ mode named times all three; ratios need g_off, so it always runs
+    gmodes = ["g_off"] + [m for m in GMODES[1:] if m in args.modes or not set(GMODES) & set(args.modes)] if graph_run else []
     say("warm-up")
     for mode in modes:  # warm-up: kernels, allocator, pinned pools
         once(mode)
