@@ -168,8 +168,8 @@ def run(args: argparse.Namespace) -> dict:
     modes = [m for m in MODES if m in args.modes]
     say(f"model built: {n} layers; capturing graphs" if args.graphs else f"model built: {n} layers")
     graph_run = GraphRun(model, ids, args, {"g_off": None, "g_aux3": aux, "g_all": every}) if args.graphs else None
-    # --graphs with no g_ mode named times all three; ratios need g_off, so it always runs
-    gmodes = ["g_off"] + [m for m in GMODES[1:] if m in args.modes or not set(GMODES) & set(args.modes)] if graph_run else []
+    named = [m for m in GMODES if m in args.modes] or list(GMODES)  # --graphs, no g_ mode named: all three
+    gmodes = ["g_off"] + [m for m in named if m != "g_off"] if graph_run else []  # ratios need g_off: always run
     say("warm-up")
     for mode in modes:  # warm-up: kernels, allocator, pinned pools
         once(mode)
